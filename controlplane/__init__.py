@@ -1,0 +1,1 @@
+"""fleetplane's control plane: config, controller and shards, reconcile, ranks, CLI."""

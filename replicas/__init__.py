@@ -1,0 +1,1 @@
+"""fleetplane's replica actor and the wrapper around user code."""
