@@ -1,0 +1,267 @@
+"""Replica metric reports and the autoscaling decision.
+
+Owns:
+
+- ``MetricReport``: the shape of the periodic report a replica sends its shard.
+- ``MetricWindow``: per deployment, the recent reports of each replica and the load
+  averaged over the look-back period.
+- ``AutoscalingPolicy`` / ``ScalingState`` / ``decide``: the pure decision of how many
+  replicas a deployment should target, given that load and ``now``.
+
+Invariants:
+
+- No I/O and no clock reads here: the shard shell passes ``received_at`` and ``now`` from
+  its monotonic ``Clock``. The window is keyed on ``received_at``, never on the replica's
+  ``sent_at``: replica wall clocks drift, the shard's clock is the one every sample shares.
+- A window holds at most ``max_samples_per_replica`` samples per replica, so its memory
+  is bounded by the replicas it has not been told to ``forget``.
+- ``decide`` never returns a target outside ``[min_replicas, max_replicas]``; bounds apply
+  at once, only load-driven changes wait out a delay.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+# A ratio within this of a whole number counts as that number: averaging samples adds
+# float noise (2.0000000000000004 replicas' worth of load must not start a third).
+_RATIO_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class MetricReport:
+    """One replica's periodic load report to its shard."""
+
+    replica_id: str
+    sent_at: float  # replica's wall-clock time.time() when sent; for display only
+    ongoing_requests: int  # executing now
+    queued_requests: int  # accepted, waiting for a slot
+    # Shaped for extra fields: push health (a later issue) rides on this same report.
+    # Keep every new field optional with a default so old senders stay valid.
+    # hash=False: a dict is unhashable, and equal reports still hash equal without it.
+    extras: Mapping[str, object] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.ongoing_requests < 0 or self.queued_requests < 0:
+            raise ValueError(f"request counts must be >= 0, got {self!r}")
+        # Copy so a sender mutating its dict later cannot change a recorded report.
+        # A plain dict rather than MappingProxyType: reports cross actors and must pickle.
+        object.__setattr__(self, "extras", dict(self.extras))
+
+    @property
+    def load(self) -> int:
+        """Requests this replica holds: the quantity autoscaling targets per replica."""
+        return self.ongoing_requests + self.queued_requests
+
+
+class MetricWindow:
+    """Recent reports per replica of one deployment, over ``look_back_period_s``.
+
+    ``received_at`` must not go backwards for a replica (it comes from the shard's
+    monotonic clock); samples are kept in arrival order so pruning is from the left.
+    """
+
+    def __init__(self, look_back_period_s: float, max_samples_per_replica: int = 64) -> None:
+        if look_back_period_s < 0:
+            raise ValueError(f"look_back_period_s must be >= 0, got {look_back_period_s}")
+        if max_samples_per_replica < 1:
+            raise ValueError(
+                f"max_samples_per_replica must be >= 1, got {max_samples_per_replica}"
+            )
+        self._look_back_s = look_back_period_s
+        self._max_samples = max_samples_per_replica
+        self._samples: dict[str, deque[tuple[float, MetricReport]]] = {}
+
+    def record(self, report: MetricReport, received_at: float) -> None:
+        samples = self._samples.get(report.replica_id)
+        if samples is None:
+            samples = self._samples[report.replica_id] = deque(maxlen=self._max_samples)
+        if samples and received_at < samples[-1][0]:
+            raise ValueError(
+                f"received_at went backwards for {report.replica_id}: "
+                f"{received_at} < {samples[-1][0]}; pass the shard's monotonic time"
+            )
+        samples.append((received_at, report))  # maxlen drops the oldest past the cap
+        horizon = received_at - self._look_back_s
+        while samples[0][0] < horizon:  # the new sample itself is never older than horizon
+            samples.popleft()
+
+    def forget(self, replica_id: str) -> None:
+        """Drop a replica's samples (it stopped); unknown ids are ignored."""
+        self._samples.pop(replica_id, None)
+
+    def latest(self, replica_id: str) -> MetricReport | None:
+        samples = self._samples.get(replica_id)
+        return samples[-1][1] if samples else None
+
+    def average_load(self, now: float, replica_ids: Iterable[str]) -> float | None:
+        """Sum over ``replica_ids`` of each one's mean load within [now - look-back, now].
+
+        Replicas with no sample in the window add nothing; None when none has one, so the
+        caller can tell "no data" from "no load".
+        """
+        total, seen = 0.0, False
+        for replica_id in replica_ids:
+            mean = self._mean_load(replica_id, now)
+            if mean is not None:
+                total, seen = total + mean, True
+        return total if seen else None
+
+    def _mean_load(self, replica_id: str, now: float) -> float | None:
+        start = now - self._look_back_s
+        loads = [r.load for t, r in self._samples.get(replica_id, ()) if start <= t <= now]
+        return sum(loads) / len(loads) if loads else None
+
+
+_POLICY_DEFAULTS: dict[str, object] = {
+    "min_replicas": 1,
+    "max_replicas": 1,
+    "target_ongoing_requests": 2.0,
+    "upscale_delay_s": 30.0,
+    "downscale_delay_s": 600.0,
+    "look_back_period_s": 30.0,
+    "initial_replicas": None,
+}
+
+
+@dataclass(frozen=True)
+class AutoscalingPolicy:
+    """A deployment's autoscaling settings; defaults follow Ray Serve's AutoscalingConfig."""
+
+    min_replicas: int
+    max_replicas: int
+    target_ongoing_requests: float  # load (ongoing + queued) each replica should carry
+    upscale_delay_s: float  # an upscale must hold this long before it applies
+    downscale_delay_s: float  # likewise a downscale; long, since cold starts are costly
+    look_back_period_s: float  # window the load is averaged over
+    initial_replicas: int | None = None  # first target; None means min_replicas
+
+    def __post_init__(self) -> None:
+        problems = _policy_problems(self)
+        if problems:
+            raise ValueError("invalid autoscaling_config: " + "; ".join(problems))
+
+    @classmethod
+    def from_config(cls, cfg: Mapping) -> AutoscalingPolicy:
+        """Build from the user's ``autoscaling_config`` dict; missing keys take defaults.
+
+        Unknown keys are rejected: a misspelt ``max_replica`` silently meaning 1 replica
+        is worse than a deploy that fails with the key's name.
+        """
+        unknown = sorted(set(cfg) - set(_POLICY_DEFAULTS))
+        if unknown:
+            raise ValueError(f"unknown autoscaling_config keys: {unknown}")
+        return cls(**{**_POLICY_DEFAULTS, **cfg})
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+
+def _policy_problems(p: AutoscalingPolicy) -> list[str]:
+    problems = []
+    if p.min_replicas < 0:
+        problems.append(f"min_replicas must be >= 0, got {p.min_replicas}")
+    if p.max_replicas < 1 or p.max_replicas < p.min_replicas:
+        problems.append(f"max_replicas must be >= max(1, min_replicas), got {p.max_replicas}")
+    if p.target_ongoing_requests <= 0:
+        problems.append(f"target_ongoing_requests must be > 0, got {p.target_ongoing_requests}")
+    for name in ("upscale_delay_s", "downscale_delay_s", "look_back_period_s"):
+        if getattr(p, name) < 0:
+            problems.append(f"{name} must be >= 0, got {getattr(p, name)}")
+    initial = p.initial_replicas
+    if initial is not None and not p.min_replicas <= initial <= p.max_replicas:
+        problems.append(f"initial_replicas must be within [min, max], got {initial}")
+    return problems
+
+
+@dataclass(frozen=True)
+class ScalingState:
+    """What the policy remembers between decisions: a change waiting out its delay."""
+
+    pending_target: int | None = None  # newest proposed target, None when nothing waits
+    pending_since: float | None = None  # when this direction of change was first seen
+
+    def __post_init__(self) -> None:
+        if (self.pending_target is None) != (self.pending_since is None):
+            raise ValueError(f"pending_target and pending_since are set together: {self!r}")
+
+
+_IDLE = ScalingState()
+
+
+@dataclass(frozen=True)
+class ScalingDecision:
+    target_replicas: int
+    state: ScalingState
+    reason: str  # human readable, for status / logs
+
+
+def initial_target(policy: AutoscalingPolicy) -> int:
+    return policy.initial_replicas if policy.initial_replicas is not None else policy.min_replicas
+
+
+def desired_replicas(policy: AutoscalingPolicy, total_load: float) -> int:
+    """Replicas that carry ``total_load`` at the target per replica, within bounds."""
+    wanted = max(0, math.ceil(total_load / policy.target_ongoing_requests - _RATIO_TOLERANCE))
+    if total_load > 0:
+        wanted = max(wanted, 1)  # any load needs a replica, even when min_replicas is 0
+    return policy.clamp(wanted)
+
+
+def decide(
+    policy: AutoscalingPolicy,
+    current_target: int,
+    total_load: float | None,
+    state: ScalingState,
+    now: float,
+) -> ScalingDecision:
+    """The target replica count for now, and what to remember for the next call.
+
+    A load-driven change applies only once its direction has held continuously for that
+    direction's delay; the newest desired value is the one applied.
+    """
+    if total_load is not None and total_load < 0:
+        raise ValueError(f"total_load must be >= 0, got {total_load}")
+    current = policy.clamp(current_target)  # bounds apply at once, with no delay
+    if total_load is None:
+        return ScalingDecision(current, _IDLE, _no_data_reason(current_target, current))
+    desired = desired_replicas(policy, total_load)
+    load_note = f"load {total_load:g} / target {policy.target_ongoing_requests:g}"
+    if desired == current:
+        return ScalingDecision(current, _IDLE, f"{load_note}: steady at {current}")
+    if current == 0:
+        # Cold start: requests are blocked until a replica exists, so scaling from zero
+        # skips the upscale delay (Ray Serve's replica_queue_length_autoscaling_policy).
+        return ScalingDecision(desired, _IDLE, f"{load_note}: cold start 0 -> {desired}")
+    return _after_delay(policy, current, desired, state, now, load_note)
+
+
+def _after_delay(
+    policy: AutoscalingPolicy,
+    current: int,
+    desired: int,
+    state: ScalingState,
+    now: float,
+    load_note: str,
+) -> ScalingDecision:
+    upscale = desired > current
+    delay_s = policy.upscale_delay_s if upscale else policy.downscale_delay_s
+    direction = "upscale" if upscale else "downscale"
+    since = now
+    if state.pending_target is not None and (state.pending_target > current) == upscale:
+        since = state.pending_since  # same direction as before: the clock keeps running
+    waited_s = now - since
+    if waited_s >= delay_s:
+        reason = f"{load_note}: {direction} {current} -> {desired} after {waited_s:g}s"
+        return ScalingDecision(desired, _IDLE, reason)
+    reason = f"{load_note}: {direction} {current} -> {desired} in {delay_s - waited_s:g}s"
+    return ScalingDecision(current, ScalingState(desired, since), reason)
+
+
+def _no_data_reason(current_target: int, current: int) -> str:
+    if current == current_target:
+        return f"no metrics in window: keeping {current}"
+    return f"no metrics in window: keeping {current_target}, clamped to {current}"

@@ -1,0 +1,172 @@
+"""The `fleetplane` command: run, deploy, status, shutdown (contract in DESIGN.md).
+
+Exit codes: 0 ok; 1 the instance refused or failed (bad code, no instance, timeout);
+2 the config file is invalid (nothing was changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+
+from controlplane.config import ConfigError, load_deploy_config
+from controlplane.progress import progress_lines, render_table, total_replicas
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fleetplane", description="A model-serving control "
+                                "plane made of Ray actors.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start an embedded local Ray (or join --address), deploy "
+                         "CONFIG, show progress, serve until Ctrl-C, then stop everything")
+    run.add_argument("config")
+    run.add_argument("--address", help="join this Ray cluster instead of starting one")
+    run.add_argument("--start-timeout-s", type=float, default=600.0,
+                     help="give up if replicas are not RUNNING by then (default 600)")
+    deploy = sub.add_parser("deploy", help="apply CONFIG to a running instance")
+    deploy.add_argument("config")
+    deploy.add_argument("--wait", action="store_true", help="return once all are RUNNING")
+    deploy.add_argument("--timeout-s", type=float, default=600.0)
+    status = sub.add_parser("status", help="applications, deployments, replicas, controller")
+    status.add_argument("--json", action="store_true", help="machine-readable (DESIGN.md)")
+    sub.add_parser("shutdown", help="drain and stop every replica and the controller")
+    for sp in (deploy, status, sub.choices["shutdown"]):
+        sp.add_argument("--address", help="Ray cluster address (default: the local one)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"run": cmd_run, "deploy": cmd_deploy, "status": cmd_status,
+                "shutdown": cmd_shutdown}
+    try:
+        return handlers[args.command](args)
+    except ConfigError as e:
+        print(f"error: {e}\nnothing was changed.", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except Exception as e:  # outermost: one clear line, not a Ray stack
+        from controlplane.client import NoInstance
+        from controlplane.controller import DeployRejected
+        from controlplane.user_code import BuildError
+        if isinstance(e, (NoInstance, DeployRejected, BuildError, TimeoutError)):
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        raise
+
+
+def _say(start: float, text: str) -> None:
+    print(f"[{time.monotonic() - start:7.2f}s] {text}", flush=True)
+
+
+class _Progress:
+    """Prints only the lines that changed since the last status."""
+
+    def __init__(self, start: float) -> None:
+        self._start, self._last = start, []
+
+    def __call__(self, status: dict) -> None:
+        lines = progress_lines(status)
+        for line in lines:
+            if line not in self._last:
+                _say(self._start, line)
+        self._last = lines
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_deploy_config(args.config)  # before Ray starts: a bad file costs nothing
+    from controlplane.client import Client, connect, start_local_ray
+    import ray
+
+    start = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    if args.address:
+        connect(args.address)
+    else:
+        start_local_ray()
+    _say(start, f"Ray ready ({'joined ' + args.address if args.address else 'embedded, local'})")
+    client = Client()
+    try:
+        client.start_controller()
+        result = client.deploy(cfg)
+        _say(start, f"deployed {len(result['deployments'])} deployment(s) on "
+             f"{result['num_shards']} shard(s); waiting for replicas")
+        _serve(client, start, args.start_timeout_s)
+    except KeyboardInterrupt:
+        _say(start, "stopping: draining replicas")
+    finally:
+        _stop(client, start, embedded=not args.address)
+    return EXIT_OK
+
+
+def _serve(client, start: float, timeout_s: float) -> None:
+    progress = _Progress(start)
+    status = client.wait_until_running(timeout_s, progress)
+    running, target = total_replicas(status)
+    for app, a in status["applications"].items():
+        for name, dep in a["deployments"].items():
+            if dep["status"] == "DEPLOY_FAILED":
+                _say(start, f"{app}/{name} DEPLOY_FAILED:\n{dep['message']}")
+    if all(a["status"] == "RUNNING" for a in status["applications"].values()):
+        _say(start, f"all {running}/{target} replicas RUNNING "
+             f"in {time.monotonic() - start:.2f}s; Ctrl-C to stop")
+    while True:
+        time.sleep(2.0)
+        progress(client.status())
+
+
+def _stop(client, start: float, embedded: bool) -> None:
+    import ray
+    from controlplane.client import NoInstance
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the drain finish
+    try:
+        client.shutdown()
+    except NoInstance:
+        pass
+    if embedded:
+        ray.shutdown()
+    _say(start, "stopped" + (" (Ray shut down)" if embedded else ""))
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    cfg = load_deploy_config(args.config)
+    from controlplane.client import Client, connect
+
+    connect(args.address)
+    client = Client()
+    client.controller()  # a clear NoInstance before anything else
+    result = client.deploy(cfg)
+    print(f"accepted: generation {result['generation']}, "
+          f"{len(result['deployments'])} deployment(s)")
+    if args.wait:
+        start = time.monotonic()
+        status = client.wait_until_running(args.timeout_s, _Progress(start))
+        print(render_table(status))
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from controlplane.client import Client, connect
+
+    connect(args.address)
+    status = Client().status()
+    print(json.dumps(status, indent=2) if args.json else render_table(status))
+    return EXIT_OK
+
+
+def cmd_shutdown(args: argparse.Namespace) -> int:
+    from controlplane.client import Client, connect
+
+    connect(args.address)
+    result = Client().shutdown()
+    print("shut down" + ("" if result["drained"] else " (some replicas did not drain in time)"))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

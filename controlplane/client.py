@@ -1,0 +1,94 @@
+"""Driver-side access to a fleetplane instance: start or find Ray and the controller,
+and call it with errors unwrapped to their own types (ConfigError, BuildError, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import RayTaskError
+
+from controlplane.config import DeployConfig, config_to_dict
+from controlplane.controller import Controller
+from controlplane.settings import Settings
+
+
+class NoInstance(Exception):
+    """No running Ray cluster or fleetplane controller could be found."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+def start_local_ray(num_cpus: int | None = None) -> None:
+    """An embedded single-node Ray on loopback only."""
+    ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False,
+             namespace=Settings().namespace, logging_level=logging.WARNING,
+             configure_logging=True)
+
+
+def connect(address: str | None) -> None:
+    try:
+        ray.init(address=address or "auto", namespace=Settings().namespace,
+                 log_to_driver=False, logging_level=logging.ERROR)
+    except ConnectionError as e:
+        raise NoInstance(f"no running Ray cluster found ({e}); start one with "
+                         "`fleetplane run CONFIG` or pass --address") from None
+
+
+def _unwrap(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except RayTaskError as e:
+        raise e.cause if isinstance(e.cause, Exception) else e from None
+
+
+class Client:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+
+    def start_controller(self) -> Any:
+        s = self.settings
+        handle = ray.remote(Controller).options(
+            name=s.controller_name, namespace=s.namespace, lifetime="detached", num_cpus=0,
+            get_if_exists=True, max_concurrency=1000).remote(s.to_dict())
+        ray.get(handle.ready.remote())
+        return handle
+
+    def controller(self) -> Any:
+        try:
+            return ray.get_actor(self.settings.controller_name, namespace=self.settings.namespace)
+        except ValueError:
+            raise NoInstance("Ray is running but no fleetplane controller is; deploy with "
+                             "`fleetplane run CONFIG`") from None
+
+    def deploy(self, cfg: DeployConfig) -> dict:
+        controller = self.controller()
+        return _unwrap(lambda: ray.get(controller.deploy.remote(config_to_dict(cfg))))
+
+    def status(self) -> dict:
+        controller = self.controller()
+        return _unwrap(lambda: ray.get(controller.status.remote()))
+
+    def shutdown(self, timeout_s: float = 60.0) -> dict:
+        controller = self.controller()
+        result = _unwrap(lambda: ray.get(controller.shutdown.remote(timeout_s)))
+        ray.kill(controller, no_restart=True)
+        return result
+
+    def wait_until_running(self, timeout_s: float, on_status: Callable[[dict], None],
+                           poll_s: float = 0.25) -> dict:
+        """Poll status until every application is RUNNING (or one DEPLOY_FAILED)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.status()
+            on_status(status)
+            states = [a["status"] for a in status["applications"].values()]
+            if states and (all(s == "RUNNING" for s in states) or "DEPLOY_FAILED" in states):
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"applications not RUNNING after {timeout_s:.0f}s")
+            time.sleep(poll_s)

@@ -1,0 +1,407 @@
+"""The user-facing deploy config: its pydantic models, and loading it from YAML.
+
+Owns the shape of the YAML a user writes (modelled on Ray Serve's deploy config) and
+the one place it is validated. Everything past ``parse_deploy_config`` may trust it.
+
+Invariants:
+- Every model is frozen and rejects unknown keys, so a typo is an error, not a silent default.
+- Every float is finite and every free-form dict (``user_config``, ``runtime_env``, ``args``)
+  is normalised to its JSON form, so ``parse_deploy_config(config_to_dict(c)) == c``.
+- In ``DeploymentConfig`` every option defaults to None, meaning "not set here"; the
+  code's value or the built-in default applies. ``overrides()`` is what this file sets.
+- A bad config raises one ``ConfigError`` listing every problem, each as
+  ``field.path: message``, so the user fixes them in one pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+_MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True)
+_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+
+# Error types of our own validators. INVALID echoes the input like pydantic's own errors;
+# CONFLICT is a check across fields or list items whose message already quotes the values.
+_INVALID = "fleetplane_invalid"
+_CONFLICT = "fleetplane_conflict"
+_ROOT = "<root>"
+_FILE = "<file>"
+_MAX_INPUT_REPR = 60
+
+
+def _invalid(detail: str) -> PydanticCustomError:
+    # The detail goes through ctx, not the template, so braces in user input are not
+    # taken for format placeholders.
+    return PydanticCustomError(_INVALID, "{detail}", {"detail": detail})
+
+
+def _conflict(details: list[str], *, field: str | None = None) -> PydanticCustomError:
+    # One validator can raise only one error, so ctx carries each problem for
+    # parse_deploy_config to list on its own line. A field validator's loc already names
+    # its field; a model validator passes the field to blame.
+    ctx: dict[str, Any] = {"detail": "; ".join(details), "details": details}
+    if field is not None:
+        ctx["field"] = field
+    return PydanticCustomError(_CONFLICT, "{detail}", ctx)
+
+
+def _as_json(value: Any) -> Any:
+    """Return ``value`` as it will be after a JSON round trip, or reject it.
+
+    Normalising (tuples to lists, non-string keys to strings) keeps the checkpoint round
+    trip exact; allow_nan=False rejects NaN and infinity, which JSON cannot carry.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise _invalid(f"must be JSON-serialisable: {exc}") from exc
+    return json.loads(text)
+
+
+# Floats must be finite: pydantic's JSON dump writes inf and NaN as null.
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+JsonDict = Annotated[dict[str, Any], AfterValidator(_as_json)]
+Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
+
+
+class HTTPOptions(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    host: str = Field("127.0.0.1", min_length=1, description="Address the HTTP proxy binds to.")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port the HTTP proxy listens on.")
+
+
+class ControllerOptions(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    num_shards: int = Field(2, ge=1, le=64, description="Shards the deployments are split over.")
+
+
+class BackpressureConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    status_code: Literal[429, 503] = Field(503, description="HTTP status of a request shed when full.")
+    retry_after_s: PosFloat | None = Field(
+        None, description="Retry-After hint in seconds (rounded up when sent); None sends none."
+    )
+
+
+class AutoscalingConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas; 0 allows scale to zero.")
+    max_replicas: int = Field(1, ge=1, description="Most replicas.")
+    initial_replicas: int | None = Field(None, ge=0, description="Replicas at first deploy; None: min.")
+    target_ongoing_requests: PosFloat = Field(2.0, description="Ongoing requests per replica.")
+    upscale_delay_s: NonNegFloat = Field(30.0, description="Seconds load must stay high to scale out.")
+    downscale_delay_s: NonNegFloat = Field(600.0, description="Seconds load must stay low to scale in.")
+    look_back_period_s: PosFloat = Field(30.0, description="Seconds over which load is averaged.")
+
+    @model_validator(mode="after")
+    def _check_replica_bounds(self) -> AutoscalingConfig:
+        low, high, initial = self.min_replicas, self.max_replicas, self.initial_replicas
+        # Blame max_replicas: the usual slip is raising min_replicas past the default max of 1.
+        if low > high:
+            raise _conflict(
+                [f"max_replicas ({high}) is below min_replicas ({low}); "
+                 f"raise max_replicas to at least {low} or lower min_replicas"],
+                field="max_replicas",
+            )
+        if initial is not None and not low <= initial <= high:
+            raise _conflict(
+                [f"initial_replicas ({initial}) must lie within min_replicas ({low}) and "
+                 f"max_replicas ({high}); change initial_replicas or leave it unset"],
+                field="initial_replicas",
+            )
+        return self
+
+
+class RayActorOptions(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    num_cpus: NonNegFloat | None = Field(None, description="CPUs reserved per replica.")
+    num_gpus: NonNegFloat | None = Field(None, description="GPUs reserved per replica.")
+    memory: int | None = Field(None, ge=0, description="Memory reserved per replica, in bytes.")
+    resources: dict[str, NonNegFloat] = Field(default_factory=dict, description="Custom Ray resources.")
+    runtime_env: JsonDict = Field(default_factory=dict, description="Ray runtime_env of each replica.")
+    accelerator_type: str | None = Field(None, description="Ray accelerator type, e.g. 'H100'.")
+
+    def to_ray_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``.options()``: only what is set, so Ray's defaults apply."""
+        return {k: v for k, v in self.model_dump().items() if v is not None and v != {}}
+
+
+class DeploymentConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    name: Name = Field(..., description="Deployment name, as in the application's code.")
+    num_replicas: int | None = Field(None, ge=0, description="Fixed replica count.")
+    max_ongoing_requests: int | None = Field(None, ge=1, description="Requests a replica runs at once.")
+    max_queued_requests: int | None = Field(
+        None, ge=-1, description="Requests queued before shedding; -1 means unlimited."
+    )
+    user_config: Any = Field(None, description="JSON value handed to the replica's reconfigure().")
+    autoscaling_config: AutoscalingConfig | None = Field(
+        None, description="Scale on load instead of a fixed num_replicas."
+    )
+    health_check_period_s: PosFloat | None = Field(None, description="Seconds between health checks.")
+    health_check_timeout_s: PosFloat | None = Field(
+        None, description="Seconds before a health check counts as failed."
+    )
+    graceful_shutdown_timeout_s: NonNegFloat | None = Field(
+        None, description="Seconds a stopping replica may spend draining."
+    )
+    backpressure_config: BackpressureConfig | None = Field(None, description="How shed requests end.")
+    ray_actor_options: RayActorOptions | None = Field(None, description="Ray options of each replica.")
+
+    @field_validator("user_config")
+    @classmethod
+    def _user_config_is_json(cls, value: Any) -> Any:
+        return _as_json(value)
+
+    @model_validator(mode="after")
+    def _one_way_to_size(self) -> DeploymentConfig:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise _conflict(
+                ["set either num_replicas or autoscaling_config, not both; remove num_replicas "
+                 "to autoscale, or autoscaling_config for a fixed count"],
+                field="num_replicas",
+            )
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """The options this config sets, to lay over the code's values.
+
+        None values are left out even when written explicitly: None means "not set here",
+        and after a ``config_to_dict`` round trip every field counts as set.
+        """
+        result: dict[str, Any] = {}
+        for field in self.model_fields_set - {"name"}:
+            value = getattr(self, field)
+            if value is not None:
+                result[field] = value.model_dump() if isinstance(value, BaseModel) else value
+        return result
+
+
+def _check_import_path(value: str) -> str:
+    module, sep, attr = value.partition(":")
+    if not sep:  # "pkg.module.attr": the last dotted part is the attribute.
+        module, _, attr = value.rpartition(".")
+    if not (_is_dotted_identifier(module) and _is_dotted_identifier(attr)):
+        raise _invalid("import_path must look like 'pkg.module:attr' or 'pkg.module.attr'")
+    return value
+
+
+def _is_dotted_identifier(text: str) -> bool:
+    return bool(text) and all(part.isidentifier() for part in text.split("."))
+
+
+def _check_route_prefix(value: str | None) -> str | None:
+    if value is None or value == "/":
+        return value
+    if not value.startswith("/") or value.endswith("/"):
+        raise _invalid("route_prefix must start with '/' and not end with '/' (or be exactly '/')")
+    return value
+
+
+class ApplicationConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    name: Name = Field("default", description="Application name.")
+    route_prefix: Annotated[str | None, AfterValidator(_check_route_prefix)] = Field(
+        "/", description="HTTP path prefix this application serves; None serves no HTTP."
+    )
+    import_path: Annotated[str, AfterValidator(_check_import_path)] = Field(
+        ..., description="Where the application lives: 'pkg.module:attr' or 'pkg.module.attr'."
+    )
+    runtime_env: JsonDict = Field(default_factory=dict, description="Ray runtime_env of the app.")
+    args: JsonDict = Field(default_factory=dict, description="Keyword arguments for an app builder.")
+    deployments: list[DeploymentConfig] = Field(
+        default_factory=list, description="Per-deployment overrides of the code's options."
+    )
+
+    @field_validator("deployments")
+    @classmethod
+    def _unique_deployment_names(cls, value: list[DeploymentConfig]) -> list[DeploymentConfig]:
+        named = [(d.name, f"deployments[{i}]") for i, d in enumerate(value)]
+        problems = [
+            f"duplicate deployment name '{name}' at {a} and {b}; names must be unique in an application"
+            for name, a, b in _duplicates(named)
+        ]
+        if problems:
+            raise _conflict(problems)
+        return value
+
+
+class DeployConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    applications: list[ApplicationConfig] = Field(
+        default_factory=list, description="Applications to run; the whole desired state."
+    )
+    http_options: HTTPOptions = Field(default_factory=HTTPOptions, description="HTTP proxy options.")
+    controller_options: ControllerOptions = Field(
+        default_factory=ControllerOptions, description="Controller options."
+    )
+
+    @field_validator("applications")
+    @classmethod
+    def _unique_apps(cls, value: list[ApplicationConfig]) -> list[ApplicationConfig]:
+        named = [(app.name, f"applications[{i}]") for i, app in enumerate(value)]
+        routed = [
+            (app.route_prefix, f"'{app.name}' (applications[{i}])")
+            for i, app in enumerate(value)
+            if app.route_prefix is not None
+        ]
+        problems = [
+            f"duplicate application name '{name}' at {a} and {b}; names must be unique"
+            for name, a, b in _duplicates(named)
+        ] + [
+            f"duplicate route_prefix '{prefix}' in applications {a} and {b}; give each its own"
+            for prefix, a, b in _duplicates(routed)
+        ]
+        if problems:
+            raise _conflict(problems)
+        return value
+
+
+def _duplicates(items: list[tuple[Any, str]]) -> list[tuple[Any, str, str]]:
+    """(key, where first seen, where repeated) for each repeat of a key."""
+    first_seen: dict[Any, str] = {}
+    repeats = []
+    for key, where in items:
+        if key in first_seen:
+            repeats.append((key, first_seen[key], where))
+        else:
+            first_seen[key] = where
+    return repeats
+
+
+class ConfigError(Exception):
+    """A deploy config that cannot be used. Terminal: fix the file, do not retry."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        # All fields go to super() so the error pickles across Ray actors.
+        super().__init__(source, errors)
+        self.source = source
+        self.errors = list(errors)
+
+    def __str__(self) -> str:
+        lines = [f"invalid deploy config {self.source}: {len(self.errors)} error(s)"]
+        lines += [f"  - {error}" for error in self.errors]
+        return "\n".join(lines)
+
+
+def parse_deploy_config(data: object, source: str = "<config>") -> DeployConfig:
+    """Validate already-parsed data (a dict); raise ConfigError listing every problem."""
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        problem = f"expected a mapping with 'applications' (got {kind}: {_short_repr(data)})"
+        raise ConfigError(source, [f"{_ROOT}: {problem}"])
+    try:
+        return DeployConfig.model_validate(data)
+    except ValidationError as exc:
+        errors = [line for err in exc.errors() for line in _describe(err)]
+        raise ConfigError(source, errors) from exc
+
+
+def load_deploy_config(path: str | os.PathLike) -> DeployConfig:
+    """Read and validate a YAML deploy config file."""
+    source = os.fsdecode(path)
+    data = _read_yaml(source)
+    if data is None:
+        raise ConfigError(source, [f"{_ROOT}: config is empty; expected a mapping with 'applications'"])
+    return parse_deploy_config(data, source)
+
+
+def config_to_dict(cfg: DeployConfig) -> dict[str, Any]:
+    """Plain JSON-ready data for checkpoints and actor calls; parses back to an equal config."""
+    return cfg.model_dump(mode="json", exclude_unset=False)
+
+
+def _read_yaml(source: str) -> Any:
+    try:
+        with open(source, "rb") as stream:  # bytes: let YAML detect the encoding
+            return yaml.safe_load(stream)
+    except FileNotFoundError:
+        raise ConfigError(source, [f"{_FILE}: no such file: {source}"]) from None
+    except OSError as exc:
+        raise ConfigError(source, [f"{_FILE}: cannot read {source}: {exc.strerror or exc}"]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [f"{_FILE}: {_yaml_problem(exc)}"]) from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return f"invalid YAML: {exc}"
+    what = "; ".join(p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p)
+    # Marks count from 0; editors count from 1.
+    return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {what or exc}"
+
+
+def _describe(err: Any) -> list[str]:
+    """One pydantic error as 'field.path: message (got: input)' lines."""
+    loc, kind, ctx = tuple(err["loc"]), err["type"], err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        accepted = ", ".join(_model_at(loc[:-1]).model_fields)
+        return [f"{_format_path(loc)}: unknown field; accepted fields: {accepted}"]
+    if kind == _CONFLICT:
+        path = _format_path(loc + ((ctx["field"],) if "field" in ctx else ()))
+        return [f"{path}: {detail}" for detail in ctx["details"]]
+    message = err["msg"]
+    if kind != "missing":  # a missing field's input is its parent, not worth echoing
+        message += f" (got: {_short_repr(err.get('input'))})"
+    return [f"{_format_path(loc)}: {message}"]
+
+
+def _format_path(loc: tuple[str | int, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif path and not str(part).startswith("["):
+            path += f".{part}"
+        else:  # first segment, or pydantic's "[key]" marker for a bad dict key
+            path += str(part)
+    return path or _ROOT
+
+
+def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel]:
+    """The model that owns the fields at ``loc``, walking field annotations from the top."""
+    model: type[BaseModel] = DeployConfig
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is not None:
+            model = _model_in(field.annotation) or model
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    # get_origin guards issubclass: list[X] passes isinstance(_, type) but is not a class.
+    if get_origin(annotation) is None and isinstance(annotation, type):
+        return annotation if issubclass(annotation, BaseModel) else None
+    for arg in get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_INPUT_REPR else text[: _MAX_INPUT_REPR - 3] + "..."

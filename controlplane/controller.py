@@ -1,0 +1,146 @@
+"""The Controller: one named, detached actor holding the desired state.
+
+It validates and builds a deploy config as a whole, and only then commits it: a config
+that fails validation or whose code fails to import changes nothing that is running.
+The accepted config is checkpointed in Ray's internal key-value store (GCS) before it is
+pushed, so a restarted controller resumes from it. Each deployment belongs to the shard
+its id hashes to (``specs.shard_of``); the controller pushes whole specs, shards converge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import ray
+from ray.exceptions import RayTaskError
+from ray.experimental import internal_kv
+
+from controlplane.config import ConfigError, config_to_dict, parse_deploy_config
+from controlplane.settings import Settings, shard_actor_name
+from controlplane.shard import ControllerShard
+from controlplane.specs import DeploymentId, DeploymentSpec, shard_of
+from controlplane.status import assemble_status
+from controlplane.user_code import BuildError, build_application
+
+logger = logging.getLogger(__name__)
+
+
+class DeployRejected(Exception):
+    """The config is valid but cannot be applied to this instance (terminal)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class Controller:
+    def __init__(self, settings: dict) -> None:
+        self._settings_dict = settings
+        self._settings = Settings.from_dict(settings)
+        self._lock = asyncio.Lock()
+        self._config: dict | None = None
+        self._specs: dict[DeploymentId, DeploymentSpec] = {}
+        self._shards: list[Any] = []
+        self._generation = 0
+        self._recovered = False
+
+    async def ready(self) -> dict:
+        """Resume from the checkpoint once (a restarted controller re-applies it)."""
+        async with self._lock:
+            if not self._recovered:
+                self._recovered = True
+                saved = internal_kv._internal_kv_get(self._settings.checkpoint_key)
+                if saved:
+                    logger.info("controller: resuming from checkpoint")
+                    await self._apply(json.loads(saved))
+        return {"generation": self._generation, "num_shards": len(self._shards)}
+
+    async def deploy(self, config: dict) -> dict:
+        await self.ready()
+        async with self._lock:
+            return await self._apply(config)
+
+    async def _apply(self, config: dict) -> dict:
+        cfg = parse_deploy_config(config, source="<deploy request>")
+        num_shards = cfg.controller_options.num_shards
+        if self._shards and num_shards != len(self._shards):
+            raise DeployRejected(
+                f"controller_options.num_shards cannot change on a running instance "
+                f"(running: {len(self._shards)}, requested: {num_shards}); keep "
+                f"{len(self._shards)} or run `fleetplane shutdown` first")
+        normalized = config_to_dict(cfg)
+        specs = await self._build_all(normalized["applications"])  # raises: nothing changed
+        internal_kv._internal_kv_put(self._settings.checkpoint_key, json.dumps(normalized),
+                                     overwrite=True)
+        self._ensure_shards(num_shards)
+        old = self._specs
+        self._specs = {s.id: s for s in specs}
+        self._config = normalized
+        self._generation += 1
+        await self._push(old)
+        return {"generation": self._generation, "deployments": [str(s) for s in self._specs],
+                "num_shards": num_shards}
+
+    async def _build_all(self, apps: list[dict]) -> list[DeploymentSpec]:
+        refs = [_build_task(app).remote(app) for app in apps]
+        results = await asyncio.gather(*refs, return_exceptions=True)
+        errors = [_build_error(app, r) for app, r in zip(apps, results)
+                  if isinstance(r, BaseException)]
+        if errors:
+            raise BuildError(", ".join(e.app for e in errors),
+                             "\n".join(f"[{e.app}] {e.message}" for e in errors))
+        return [spec for app_specs in results for spec in app_specs]
+
+    def _ensure_shards(self, num_shards: int) -> None:
+        if self._shards:
+            return
+        remote_shard = ray.remote(ControllerShard)
+        self._shards = [remote_shard.options(
+            name=shard_actor_name(i), namespace=self._settings.namespace, lifetime="detached",
+            num_cpus=0, get_if_exists=True, max_concurrency=10_000,
+        ).remote(i, self._settings_dict) for i in range(num_shards)]
+
+    async def _push(self, old: dict[DeploymentId, DeploymentSpec]) -> None:
+        k = len(self._shards)
+        per_shard: list[list[DeploymentSpec]] = [[] for _ in range(k)]
+        deleted: list[list[DeploymentId]] = [[] for _ in range(k)]
+        for spec in self._specs.values():
+            per_shard[shard_of(spec.id, k)].append(spec)
+        for dep_id in old.keys() - self._specs.keys():
+            deleted[shard_of(dep_id, k)].append(dep_id)
+        await asyncio.gather(*(shard.apply.remote(per_shard[i], deleted[i])
+                               for i, shard in enumerate(self._shards)))
+
+    async def status(self) -> dict:
+        await self.ready()
+        shard_status = await asyncio.gather(*(s.status.remote() for s in self._shards))
+        return assemble_status(self._config, shard_status, self._generation)
+
+    async def shutdown(self, timeout_s: float = 60.0) -> dict:
+        """Drain and stop every replica and shard, and forget the checkpoint."""
+        async with self._lock:
+            drained = await asyncio.gather(*(s.shutdown.remote(timeout_s) for s in self._shards))
+            for shard in self._shards:
+                ray.kill(shard, no_restart=True)
+            internal_kv._internal_kv_del(self._settings.checkpoint_key)
+            self._shards, self._specs, self._config = [], {}, None
+            return {"drained": all(drained)}
+
+
+# max_calls=1: a fresh worker per build, so a re-deploy imports the user's edited code.
+_remote_build = ray.remote(num_cpus=0, max_calls=1)(build_application)
+
+
+def _build_task(app: dict) -> Any:
+    if app.get("runtime_env"):
+        return _remote_build.options(runtime_env=app["runtime_env"])
+    return _remote_build
+
+
+def _build_error(app: dict, error: BaseException) -> BuildError:
+    cause = error.cause if isinstance(error, RayTaskError) else error
+    if isinstance(cause, BuildError):
+        return cause
+    return BuildError(app["name"], f"{type(cause).__name__}: {cause}")

@@ -1,0 +1,200 @@
+"""One deployment inside a shard: desired spec, replica records, and the reconcile shell.
+
+Observe, decide, act: ``tick`` builds a snapshot and calls the pure ``reconcile.plan`` only
+when something changed (``_dirty``: a new spec, a replica transition, a new autoscaling
+target, an expired start backoff); the actions run as owned asyncio tasks
+(``replica_ops``) whose completions feed replica events back through the transition table.
+A steady deployment costs O(1) per tick: no walk over its replicas.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from typing import Any, Callable, Coroutine
+
+from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
+from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, ReplicaState
+from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
+from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
+                                    StartReplica, StopReplica, deployment_status, plan)
+from controlplane.replica_set import ReplicaRecord, ReplicaSet
+from controlplane.settings import ShardSettings
+from controlplane.specs import DeploymentSpec
+
+logger = logging.getLogger(__name__)
+
+Spawn = Callable[[Coroutine], Any]
+_POLICY_KEYS = ("min_replicas", "max_replicas", "initial_replicas", "target_ongoing_requests",
+                "upscale_delay_s", "downscale_delay_s", "look_back_period_s")
+
+
+class DeploymentState:
+    def __init__(self, spec: DeploymentSpec, settings: ShardSettings, spawn: Spawn,
+                 ops_factory: Callable[["DeploymentState"], Any]) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.spawn = spawn
+        self.replicas = ReplicaSet()
+        self.ranks = RankManager()
+        self.rank_gate = RankConsistencyGate(retry_after_error_s=settings.rank_error_retry_s)
+        self.handles: dict[str, Any] = {}
+        self.config_versions: dict[str, str] = {}
+        self.health_failures: dict[str, int] = {}
+        self._health_due: list[tuple[float, str]] = []  # heap of (due_at, replica_id)
+        self.deleting = False
+        self.start_failures = 0
+        self.deploy_failed = False
+        self.backoff_until = 0.0
+        self.last_error = ""
+        self.unhealthy = False
+        self.next_seq = 0
+        self._dirty = True
+        self._metrics = MetricWindow(look_back_period_s=30.0)
+        self._policy: AutoscalingPolicy | None = None
+        self._scaling = ScalingState()
+        self._next_autoscale_at = 0.0
+        self.target_replicas = spec.num_replicas
+        self.ops = ops_factory(self)
+        self._set_policy(spec)
+
+    # ---- desired state -------------------------------------------------------------
+    def update_spec(self, spec: DeploymentSpec) -> None:
+        code_changed = spec.code_version != self.spec.code_version
+        if code_changed or spec.user_config_version != self.spec.user_config_version:
+            self.deploy_failed, self.start_failures, self.backoff_until = False, 0, 0.0
+        if self._policy is None or spec.autoscaling_config != self.spec.autoscaling_config:
+            self.target_replicas = spec.num_replicas
+        self.spec = spec
+        self._set_policy(spec)
+        self.deleting = False
+        self.mark_dirty()
+
+    def _set_policy(self, spec: DeploymentSpec) -> None:
+        cfg = spec.autoscaling_config
+        if cfg is None:
+            self._policy = None
+            return
+        self._policy = AutoscalingPolicy.from_config({k: cfg[k] for k in _POLICY_KEYS if k in cfg})
+        self._metrics = MetricWindow(look_back_period_s=self._policy.look_back_period_s)
+
+    def delete(self) -> None:
+        self.deleting = True
+        self.mark_dirty()
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    @property
+    def finished_deleting(self) -> bool:
+        return self.deleting and len(self.replicas) == 0
+
+    # ---- the tick --------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        if self.backoff_until and now >= self.backoff_until:
+            self.backoff_until = 0.0
+            self._dirty = True
+        if self._policy is not None and now >= self._next_autoscale_at:
+            self._autoscale(now)
+        if self._dirty:
+            self._dirty = False
+            self._act(plan(self.snapshot(now)), now)
+        self._run_due_health_checks(now)
+        for replica_id, _old, new in run_consistency_pass(self.rank_gate, self.ranks,
+                                                          self.replicas, now):
+            self._set_rank(replica_id, new)
+
+    def snapshot(self, now: float) -> DeploymentSnapshot:
+        views = tuple(ReplicaView(r.replica_id, r.state, r.version,
+                                  self.config_versions.get(r.replica_id, ""), r.rank)
+                      for r in self.replicas.records())
+        surge = max(1, int(self.settings.rolling_surge_fraction * self.target_replicas))
+        return DeploymentSnapshot(
+            target_replicas=self.target_replicas, target_version=self.spec.code_version,
+            target_config_version=self.spec.user_config_version, replicas=views,
+            deleting=self.deleting, surge=surge,
+            starts_blocked=self.deploy_failed or now < self.backoff_until)
+
+    def _act(self, actions: list, now: float) -> None:
+        for action in actions:
+            if isinstance(action, StartReplica):
+                self.ops.start(now)
+            elif isinstance(action, StopReplica):
+                self.ops.stop(action.replica_id, action.reason)
+            elif isinstance(action, ReconfigureReplica):
+                self.ops.reconfigure(action.replica_id)
+
+    def _set_rank(self, replica_id: str, rank: int) -> None:
+        record = self.replicas.get(replica_id)
+        if record is not None:
+            self.replicas.replace(record.with_state(record.state, rank=rank))
+            self.ops.update_rank(replica_id, rank)
+
+    # ---- health (pull) ------------------------------------------------------------------
+    def schedule_health_check(self, replica_id: str, now: float) -> None:
+        heapq.heappush(self._health_due, (now + self.spec.health_check_period_s, replica_id))
+
+    def _run_due_health_checks(self, now: float) -> None:
+        while self._health_due and self._health_due[0][0] <= now:
+            _, replica_id = heapq.heappop(self._health_due)
+            record = self.replicas.get(replica_id)
+            if record is not None and record.state in SERVING_STATES:
+                self.ops.probe(replica_id)
+
+    def record_health(self, replica_id: str, ok: bool, message: str, now: float) -> None:
+        record = self.replicas.get(replica_id)
+        if record is None or record.state not in SERVING_STATES:
+            return
+        failures = 0 if ok else self.health_failures.get(replica_id, 0) + 1
+        self.health_failures[replica_id] = failures
+        if failures >= self.settings.unhealthy_threshold:
+            logger.warning("replica %s failed %d health checks: %s", replica_id, failures, message)
+            self.unhealthy = True
+            self.ops.stop(replica_id, f"unhealthy: {message}", event=ReplicaEvent.UNHEALTHY)
+            return
+        if not ok:
+            self.replicas.replace(record.with_state(record.state, message=message))
+        self.schedule_health_check(replica_id, now)
+
+    # ---- autoscaling ---------------------------------------------------------------------
+    def record_metrics(self, report: Any, now: float) -> None:
+        if self._policy is not None and report.replica_id in self.replicas:
+            self._metrics.record(report, received_at=now)
+
+    def forget_replica(self, replica_id: str) -> None:
+        self.handles.pop(replica_id, None)
+        self.config_versions.pop(replica_id, None)
+        self.health_failures.pop(replica_id, None)
+        self.ranks.release(replica_id)
+        self._metrics.forget(replica_id)
+
+    def _autoscale(self, now: float) -> None:
+        self._next_autoscale_at = now + 1.0
+        load = self._metrics.average_load(now, self.replicas.running_ids())
+        decision = decide(self._policy, self.target_replicas, load, self._scaling, now)
+        self._scaling = decision.state
+        if decision.target_replicas != self.target_replicas:
+            logger.info("%s: autoscaling %d -> %d (%s)", self.spec.id, self.target_replicas,
+                        decision.target_replicas, decision.reason)
+            self.target_replicas = decision.target_replicas
+            self.mark_dirty()
+
+    # ---- status ---------------------------------------------------------------------------
+    def status(self, now: float) -> dict:
+        snap = self.snapshot(now)
+        status = deployment_status(snap, self.deploy_failed, self.unhealthy)
+        return {
+            "status": status,
+            "message": self.last_error if status in ("DEPLOY_FAILED", "UPDATING") else "",
+            "target_replicas": self.target_replicas,
+            "version": self.spec.code_version,
+            "autoscaling": self._policy is not None,
+            "replicas": [self._replica_status(r) for r in sorted(
+                self.replicas.records(), key=lambda r: (r.rank is None, r.rank, r.replica_id))],
+        }
+
+    def _replica_status(self, r: ReplicaRecord) -> dict:
+        healthy = r.state in SERVING_STATES and self.health_failures.get(r.replica_id, 0) == 0
+        return {"replica_id": r.replica_id, "state": r.state.value, "rank": r.rank,
+                "healthy": healthy, "node_id": r.node_id, "actor_name": r.actor_name,
+                "version": r.version, "message": r.message}

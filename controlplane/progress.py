@@ -1,0 +1,49 @@
+"""Human-readable rendering of status: live progress lines and the `status` table."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+
+def deployment_summary(name: str, dep: dict) -> str:
+    counts = Counter(r["state"] for r in dep["replicas"])
+    running = counts.pop("RUNNING", 0)
+    rest = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    line = f"{name}: {dep['status']} {running}/{dep['target_replicas']} RUNNING"
+    return f"{line} ({rest})" if rest else line
+
+
+def progress_lines(status: dict) -> list[str]:
+    lines = []
+    for app, a in status["applications"].items():
+        for dep_name, dep in a["deployments"].items():
+            lines.append(f"{app}/{deployment_summary(dep_name, dep)}")
+    return lines
+
+
+def total_replicas(status: dict) -> tuple[int, int]:
+    """(running, target) over all deployments."""
+    running = target = 0
+    for a in status["applications"].values():
+        for dep in a["deployments"].values():
+            target += dep["target_replicas"]
+            running += sum(r["state"] == "RUNNING" for r in dep["replicas"])
+    return running, target
+
+
+def render_table(status: dict) -> str:
+    out = []
+    for app, a in status["applications"].items():
+        out.append(f"application {app}  {a['status']}  route_prefix={a.get('route_prefix')}")
+        for dep_name, dep in a["deployments"].items():
+            out.append(f"  {deployment_summary(dep_name, dep)}")
+            if dep.get("message"):
+                out.extend(f"    | {line}" for line in dep["message"].splitlines()[-12:])
+            for r in dep["replicas"]:
+                node = (r["node_id"] or "-")[:12]
+                health = "healthy" if r["healthy"] else "not healthy"
+                out.append(f"    {r['replica_id']:<40} {r['state']:<9} rank={r['rank']}"
+                           f"  {health:<11} node={node}")
+    c = status["controller"]
+    out.append(f"controller: {c['num_shards']} shard(s), generation {c['generation']}")
+    return "\n".join(out) if out else "no applications"

@@ -1,0 +1,118 @@
+"""Reconcile plans: pure functions from a deployment snapshot to actions.
+
+Level-based and idempotent (controller-runtime style): the plan looks only at the current
+snapshot, never at what happened before, so running it twice on the same snapshot yields
+the same actions and a plan interrupted half-way is finished by the next one. STARTING
+replicas count toward the target ("expectations"), so a slow start is not counted twice.
+
+Rolling replacement: new-version replicas are started up to ``target + surge`` active
+replicas, and old-version replicas retire only as new ones become RUNNING, so serving
+capacity never drops below the target while a new version comes up (and an old version
+keeps serving if the new one fails to construct).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaState
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    replica_id: str
+    state: ReplicaState
+    version: str
+    config_version: str
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class DeploymentSnapshot:
+    target_replicas: int
+    target_version: str
+    target_config_version: str
+    replicas: tuple[ReplicaView, ...]
+    deleting: bool = False
+    starts_blocked: bool = False  # start backoff running, or DEPLOY_FAILED
+    surge: int = 1
+
+
+@dataclass(frozen=True)
+class StartReplica:
+    pass
+
+
+@dataclass(frozen=True)
+class StopReplica:
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReconfigureReplica:
+    replica_id: str
+
+
+Action = StartReplica | StopReplica | ReconfigureReplica
+
+
+def plan(s: DeploymentSnapshot) -> list[Action]:
+    active = [r for r in s.replicas if r.state in ACTIVE_STATES]
+    if s.deleting:
+        return [StopReplica(r.replica_id, "application deleted") for r in active]
+    new = [r for r in active if r.version == s.target_version]
+    old = [r for r in active if r.version != s.target_version]
+    old_serving = [r for r in old if r.state in SERVING_STATES]
+    actions: list[Action] = [StopReplica(r.replica_id, "outdated version")
+                             for r in old if r.state == ReplicaState.STARTING]
+    actions += [ReconfigureReplica(r.replica_id) for r in new
+                if r.state == ReplicaState.RUNNING and r.config_version != s.target_config_version]
+    actions += _scale_new(s, new, old_serving)
+    actions += _retire_old(s, new, old_serving)
+    return actions
+
+
+def _scale_new(s: DeploymentSnapshot, new: list[ReplicaView],
+               old_serving: list[ReplicaView]) -> list[Action]:
+    missing = s.target_replicas - len(new)
+    if missing < 0:
+        return [StopReplica(r.replica_id, "scaled down") for r in _stop_order(new)[:-missing]]
+    if missing == 0 or s.starts_blocked:
+        return []
+    if old_serving:  # rolling update: bounded surge above the target
+        room = s.target_replicas + s.surge - len(new) - len(old_serving)
+        missing = min(missing, max(room, 0))
+    return [StartReplica() for _ in range(missing)]
+
+
+def _retire_old(s: DeploymentSnapshot, new: list[ReplicaView],
+                old_serving: list[ReplicaView]) -> list[Action]:
+    new_running = sum(1 for r in new if r.state in SERVING_STATES)
+    excess = new_running + len(old_serving) - s.target_replicas
+    retire = len(old_serving) if s.target_replicas == 0 else min(len(old_serving), max(excess, 0))
+    return [StopReplica(r.replica_id, "replaced by new version")
+            for r in _stop_order(old_serving)[:retire]]
+
+
+def _stop_order(replicas: list[ReplicaView]) -> list[ReplicaView]:
+    """Who goes first on scale-down: starting ones (no capacity yet), then highest rank,
+    which keeps the remaining ranks compact without moves."""
+    def key(r: ReplicaView) -> tuple:
+        return (r.state != ReplicaState.STARTING, -(r.rank if r.rank is not None else -1))
+    return sorted(replicas, key=key)
+
+
+def deployment_status(s: DeploymentSnapshot, deploy_failed: bool, unhealthy: bool) -> str:
+    """HEALTHY | UPDATING | UNHEALTHY | DEPLOY_FAILED | DELETING."""
+    if s.deleting:
+        return "DELETING"
+    if deploy_failed:
+        return "DEPLOY_FAILED"
+    active = [r for r in s.replicas if r.state in ACTIVE_STATES]
+    settled = (len(active) == s.target_replicas and all(
+        r.state == ReplicaState.RUNNING and r.version == s.target_version
+        and r.config_version == s.target_config_version for r in active))
+    if settled:
+        return "HEALTHY"
+    return "UNHEALTHY" if unhealthy else "UPDATING"

@@ -1,0 +1,81 @@
+"""The shard's only door to replica actors: create, initialize, probe, reconfigure, stop.
+
+``RayReplicaClient`` is the real one; tests of the shard logic inject a fake with the same
+methods. Errors are translated into two types that decide behaviour: ``ReplicaDied``
+(the actor is gone: authoritative, replace now) and ``ReplicaCallFailed`` (the call failed
+or timed out: counts as one failed observation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+from controlplane.specs import DeploymentSpec
+from replicas.replica import Replica, ReplicaInit
+
+
+class ReplicaDied(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class ReplicaCallFailed(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+def replica_actor_name(replica_id: str) -> str:
+    return f"fleetplane_replica::{replica_id}"
+
+
+class RayReplicaClient:
+    def __init__(self, namespace: str) -> None:
+        self._namespace = namespace
+        self._actor_cls = ray.remote(Replica)
+
+    def create(self, init: ReplicaInit, spec: DeploymentSpec) -> Any:
+        options = dict(spec.ray_actor_options)
+        runtime_env = {**dict(spec.runtime_env), **dict(options.pop("runtime_env", {}) or {})}
+        if runtime_env:
+            options["runtime_env"] = runtime_env
+        return self._actor_cls.options(
+            name=replica_actor_name(init.replica_id), namespace=self._namespace,
+            lifetime="detached", max_restarts=0, max_concurrency=10_000,
+            **options).remote(init)
+
+    async def _call(self, ref: Any, timeout_s: float | None) -> Any:
+        try:
+            return await asyncio.wait_for(ref, timeout_s)
+        except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
+            raise ReplicaDied(str(e).splitlines()[0] if str(e) else repr(e)) from None
+        except asyncio.TimeoutError:
+            raise ReplicaCallFailed(f"timed out after {timeout_s}s") from None
+        except RayTaskError as e:  # the user's code raised: keep their traceback
+            raise ReplicaCallFailed(str(e)) from None
+
+    async def initialize(self, handle: Any, timeout_s: float) -> dict:
+        return await self._call(handle.initialize.remote(), timeout_s)
+
+    async def check_health(self, handle: Any, timeout_s: float) -> None:
+        await self._call(handle.check_health.remote(), timeout_s)
+
+    async def reconfigure(self, handle: Any, user_config: Any, timeout_s: float) -> None:
+        await self._call(handle.reconfigure.remote(user_config), timeout_s)
+
+    async def update_rank(self, handle: Any, rank: int) -> None:
+        await self._call(handle.update_rank.remote(rank), 30.0)
+
+    async def stop(self, handle: Any, grace_s: float, extra_s: float) -> None:
+        """Let in-flight requests finish (up to grace_s), then kill the actor."""
+        try:
+            await self._call(handle.prepare_for_shutdown.remote(grace_s), grace_s + extra_s)
+        except (ReplicaDied, ReplicaCallFailed):
+            pass  # killing it anyway
+        ray.kill(handle, no_restart=True)
+
+    def kill(self, handle: Any) -> None:
+        ray.kill(handle, no_restart=True)

@@ -1,0 +1,159 @@
+"""The acting half of a deployment's reconcile: start, stop, reconfigure, probe replicas.
+
+Each operation moves the replica record through the transition table right away
+(STARTING, STOPPING, UPDATING), then runs its remote call as an owned task; the task's
+outcome is the next event (STARTED, START_FAILED, RECONFIGURED, STOPPED, DIED...). Every
+completion marks the deployment dirty so the next tick re-plans from the new state.
+Constructor failures back off exponentially and stop after ``max_constructor_retries``
+(DEPLOY_FAILED, with the user's traceback) until the next deploy: never a hot loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from controlplane.clock import Clock
+from controlplane.lifecycle import ReplicaEvent, ReplicaState
+from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, replica_actor_name
+from controlplane.replica_set import ReplicaRecord
+from replicas.replica import ReplicaInit
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaOps:
+    def __init__(self, state: Any, client: Any, clock: Clock, shard_name: str,
+                 namespace: str, metrics_report_interval_s: float) -> None:
+        self._d = state
+        self._client = client
+        self._clock = clock
+        self._shard_name = shard_name
+        self._namespace = namespace
+        self._report_interval_s = metrics_report_interval_s
+
+    def _event(self, replica_id: str, event: ReplicaEvent, **changes: Any) -> ReplicaRecord | None:
+        """Apply one lifecycle event; terminal states drop the replica's bookkeeping."""
+        d = self._d
+        if replica_id not in d.replicas:
+            return None
+        record = d.replicas.apply(replica_id, event)
+        if changes and record.state not in (ReplicaState.FAILED, ReplicaState.STOPPED):
+            record = record.with_state(record.state, **changes)
+            d.replicas.replace(record)
+        if record.state in (ReplicaState.FAILED, ReplicaState.STOPPED):
+            d.forget_replica(replica_id)
+        d.mark_dirty()
+        return record
+
+    # ---- start ------------------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        d, spec = self._d, self._d.spec
+        replica_id = f"{spec.id.app}#{spec.id.name}#{d.next_seq}"
+        d.next_seq += 1
+        rank = d.ranks.assign(replica_id)
+        init = ReplicaInit(
+            replica_id=replica_id, app_name=spec.id.app, deployment=spec.id.name,
+            serialized_def=spec.serialized_def, user_config=spec.user_config, rank=rank,
+            max_ongoing_requests=spec.max_ongoing_requests, shard_name=self._shard_name,
+            namespace=self._namespace, metrics_report_interval_s=self._report_interval_s)
+        d.replicas.add(ReplicaRecord(replica_id=replica_id, state=ReplicaState.STARTING,
+                                     version=spec.code_version, rank=rank, started_at=now,
+                                     actor_name=replica_actor_name(replica_id)))
+        d.config_versions[replica_id] = spec.user_config_version
+        handle = self._client.create(init, spec)
+        d.handles[replica_id] = handle
+        d.spawn(self._wait_started(replica_id, handle))
+
+    async def _wait_started(self, replica_id: str, handle: Any) -> None:
+        d = self._d
+        try:
+            info = await self._client.initialize(handle, d.settings.replica_start_timeout_s)
+        except (ReplicaDied, ReplicaCallFailed) as e:
+            self._client.kill(handle)
+            self._start_failed(replica_id, str(e))
+            return
+        record = self._event(replica_id, ReplicaEvent.STARTED, actor_id=info.get("actor_id"),
+                             node_id=info.get("node_id"), message="")
+        if record is None:
+            return
+        d.start_failures = 0
+        if d.unhealthy and d.replicas.count(ReplicaState.RUNNING) >= d.target_replicas:
+            d.unhealthy = False
+        d.schedule_health_check(replica_id, self._clock.monotonic())
+
+    def _start_failed(self, replica_id: str, message: str) -> None:
+        d, settings = self._d, self._d.settings
+        if self._event(replica_id, ReplicaEvent.START_FAILED) is None:
+            return  # stopped while starting (scale-down or redeploy): not a failure
+        d.start_failures += 1
+        d.last_error = f"replica {replica_id} failed to start:\n{message}"
+        delay = min(settings.start_backoff_initial_s * 2 ** (d.start_failures - 1),
+                    settings.start_backoff_max_s)
+        d.backoff_until = self._clock.monotonic() + delay
+        if d.start_failures >= settings.max_constructor_retries:
+            d.deploy_failed = True
+        logger.error("%s (failure %d, next try in %.1fs)", d.last_error, d.start_failures, delay)
+
+    # ---- stop --------------------------------------------------------------------------------
+    def stop(self, replica_id: str, reason: str, event: ReplicaEvent = ReplicaEvent.STOP) -> None:
+        record = self._event(replica_id, event, message=reason)
+        if record is None:
+            return
+        self._d.ranks.release(replica_id)
+        handle = self._d.handles.get(replica_id)
+        self._d.spawn(self._wait_stopped(replica_id, handle))
+
+    async def _wait_stopped(self, replica_id: str, handle: Any) -> None:
+        d = self._d
+        if handle is not None:
+            await self._client.stop(handle, d.spec.graceful_shutdown_timeout_s,
+                                    d.settings.stop_grace_extra_s)
+        self._event(replica_id, ReplicaEvent.STOPPED)
+
+    # ---- reconfigure, ranks, health ----------------------------------------------------------
+    def reconfigure(self, replica_id: str) -> None:
+        if self._event(replica_id, ReplicaEvent.RECONFIGURE) is None:
+            return
+        spec = self._d.spec
+        self._d.spawn(self._wait_reconfigured(replica_id, spec.user_config,
+                                              spec.user_config_version))
+
+    async def _wait_reconfigured(self, replica_id: str, user_config: Any, version: str) -> None:
+        d = self._d
+        try:
+            await self._client.reconfigure(d.handles[replica_id], user_config,
+                                           d.settings.replica_start_timeout_s)
+        except ReplicaDied as e:
+            self._event(replica_id, ReplicaEvent.DIED, message=str(e))
+            return
+        except ReplicaCallFailed as e:
+            d.last_error = f"reconfigure of {replica_id} failed:\n{e}"
+            self.stop(replica_id, "reconfigure failed", event=ReplicaEvent.RECONFIGURE_FAILED)
+            return
+        d.config_versions[replica_id] = version
+        self._event(replica_id, ReplicaEvent.RECONFIGURED)
+
+    def update_rank(self, replica_id: str, rank: int) -> None:
+        handle = self._d.handles.get(replica_id)
+        if handle is not None:
+            self._d.spawn(self._client.update_rank(handle, rank))
+
+    def probe(self, replica_id: str) -> None:
+        handle = self._d.handles.get(replica_id)
+        if handle is not None:
+            self._d.spawn(self._wait_probe(replica_id, handle))
+
+    async def _wait_probe(self, replica_id: str, handle: Any) -> None:
+        d = self._d
+        try:
+            await self._client.check_health(handle, d.spec.health_check_timeout_s)
+        except ReplicaDied as e:  # authoritative: replace now
+            logger.warning("replica %s died: %s", replica_id, e)
+            d.unhealthy = True
+            self._event(replica_id, ReplicaEvent.DIED, message=str(e))
+            return
+        except ReplicaCallFailed as e:
+            d.record_health(replica_id, False, str(e), self._clock.monotonic())
+            return
+        d.record_health(replica_id, True, "", self._clock.monotonic())

@@ -1,0 +1,49 @@
+"""Operator tunables: one documented tree of frozen dataclasses, passed explicitly.
+
+Nothing here is read from the environment at import time. The CLI builds a ``Settings``
+and hands it to the controller, which hands each part to the actors that need it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    tick_interval_s: float = 0.1            # reconcile loop period of a shard
+    unhealthy_threshold: int = 3            # consecutive failed checks before replacement
+    replica_start_timeout_s: float = 300.0  # constructor + first health check
+    max_constructor_retries: int = 3        # then DEPLOY_FAILED until the next deploy
+    start_backoff_initial_s: float = 0.5    # doubles per consecutive start failure...
+    start_backoff_max_s: float = 30.0       # ...up to this
+    rank_error_retry_s: float = 30.0        # seed 000: back off an erroring rank pass
+    rolling_surge_fraction: float = 0.2     # extra replicas a rolling update may start
+    stop_grace_extra_s: float = 5.0         # on top of graceful_shutdown_timeout_s
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    metrics_report_interval_s: float = 1.0  # replica -> shard metric reports
+
+
+@dataclass(frozen=True)
+class Settings:
+    namespace: str = "fleetplane"
+    controller_name: str = "fleetplane_controller"
+    checkpoint_key: str = "fleetplane/controller/checkpoint"
+    shard: ShardSettings = field(default_factory=ShardSettings)
+    replica: ReplicaSettings = field(default_factory=ReplicaSettings)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Settings":
+        return cls(namespace=data["namespace"], controller_name=data["controller_name"],
+                   checkpoint_key=data["checkpoint_key"],
+                   shard=ShardSettings(**data["shard"]), replica=ReplicaSettings(**data["replica"]))
+
+
+def shard_actor_name(index: int) -> str:
+    return f"fleetplane_shard_{index}"

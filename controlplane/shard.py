@@ -1,0 +1,135 @@
+"""ControllerShard: owns the deployments that hash to it and reconciles their replicas.
+
+A thin actor shell: it receives desired specs from the controller (``apply``), metric
+reports from its replicas (``report_metrics``), and runs one reconcile loop that ticks each
+owned deployment. Every background task is owned by the shard (kept in ``_tasks``, errors
+logged with the deployment they belong to), so nothing runs unowned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Coroutine
+
+from controlplane.clock import Clock, SystemClock
+from controlplane.deployment_state import DeploymentState
+from controlplane.replica_client import RayReplicaClient
+from controlplane.replica_ops import ReplicaOps
+from controlplane.settings import Settings, shard_actor_name
+from controlplane.specs import DeploymentId, DeploymentSpec
+
+logger = logging.getLogger(__name__)
+
+
+class ShardCore:
+    """Everything a shard does, without Ray: the actor below only wires the real client."""
+
+    def __init__(self, index: int, settings: Settings, client: Any, clock: Clock) -> None:
+        self.index = index
+        self._settings = settings
+        self._client = client
+        self._clock = clock
+        self._deployments: dict[DeploymentId, DeploymentState] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._loop_task: asyncio.Task | None = None
+        self.ticks = 0
+        self.last_tick_s = 0.0
+
+    def _spawn(self, coro: Coroutine) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("shard %d task failed", self.index, exc_info=task.exception())
+
+    def _new_state(self, spec: DeploymentSpec) -> DeploymentState:
+        name = shard_actor_name(self.index)
+        return DeploymentState(
+            spec, self._settings.shard, self._spawn,
+            lambda d: ReplicaOps(d, self._client, self._clock, name, self._settings.namespace,
+                                 self._settings.replica.metrics_report_interval_s))
+
+    def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
+        for spec in specs:
+            state = self._deployments.get(spec.id)
+            if state is None:
+                self._deployments[spec.id] = self._new_state(spec)
+            else:
+                state.update_spec(spec)
+        for dep_id in deleted:
+            if dep_id in self._deployments:
+                self._deployments[dep_id].delete()
+        self.ensure_running()
+
+    def ensure_running(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._run_forever())
+
+    async def _run_forever(self) -> None:
+        interval = self._settings.shard.tick_interval_s
+        while True:
+            try:
+                self.tick()
+            except Exception:  # outermost loop: log and keep reconciling the rest
+                logger.exception("shard %d tick failed", self.index)
+            await asyncio.sleep(interval)
+
+    def tick(self) -> None:
+        started = time.perf_counter()
+        now = self._clock.monotonic()
+        for dep_id, state in list(self._deployments.items()):
+            state.tick(now)
+            if state.finished_deleting:
+                del self._deployments[dep_id]
+        self.ticks += 1
+        self.last_tick_s = time.perf_counter() - started
+
+    def report_metrics(self, key: tuple[str, str], report: Any) -> None:
+        state = self._deployments.get(DeploymentId(*key))
+        if state is not None:
+            state.record_metrics(report, self._clock.monotonic())
+
+    def status(self) -> dict:
+        now = self._clock.monotonic()
+        return {
+            "index": self.index,
+            "deployments": {str(k): s.status(now) for k, s in self._deployments.items()},
+            "ticks": self.ticks,
+            "last_tick_ms": round(self.last_tick_s * 1000, 3),
+        }
+
+    async def wait_drained(self, timeout_s: float) -> bool:
+        """Delete everything, then wait until every replica is stopped."""
+        for state in self._deployments.values():
+            state.delete()
+        self.ensure_running()
+        deadline = self._clock.monotonic() + timeout_s
+        while self._deployments and self._clock.monotonic() < deadline:
+            await asyncio.sleep(self._settings.shard.tick_interval_s)
+        return not self._deployments
+
+
+class ControllerShard:
+    """The Ray actor. Created by the controller as a named, detached actor."""
+
+    def __init__(self, index: int, settings: dict) -> None:
+        parsed = Settings.from_dict(settings)
+        self._core = ShardCore(index, parsed, RayReplicaClient(parsed.namespace), SystemClock())
+
+    async def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
+        self._core.apply(specs, deleted)
+
+    async def report_metrics(self, key: tuple[str, str], report: Any) -> None:
+        self._core.report_metrics(key, report)
+
+    async def status(self) -> dict:
+        return self._core.status()
+
+    async def shutdown(self, timeout_s: float) -> bool:
+        return await self._core.wait_drained(timeout_s)

@@ -1,0 +1,187 @@
+"""Turns an application's ``import_path`` into deployment specs.
+
+Accepted targets (so existing Ray Serve apps run unchanged):
+- a Ray Serve application, ``serve.deployment(...)(Cls).bind(...)``: every deployment in
+  its bound graph, with the options set in code (``user_configured_option_names``);
+- a Ray Serve ``Deployment`` that is not bound: one deployment, no constructor args;
+- a plain class: one deployment named after the class; the app's ``args`` are its
+  constructor keyword arguments;
+- a plain function: with no ``args`` it is the deployment itself (called per request);
+  with ``args`` it is an application builder, called with them, that returns one of the
+  above.
+
+Option precedence, lowest first: built-in defaults, options set in code, the deploy
+config's ``deployments[]`` entry. This module runs inside a Ray task (``max_calls=1``, so a
+re-deploy imports the user's code afresh); errors are ``BuildError`` carrying the user's
+traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import traceback
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import ray.cloudpickle as cloudpickle
+
+from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, DeploymentSpec, stable_hash
+
+_SERVE_OPTION_NAMES = tuple(k for k in DEPLOYMENT_DEFAULTS if k != "ray_actor_options")
+
+
+class BuildError(Exception):
+    """The application's code could not be imported or built (terminal: fix the code)."""
+
+    def __init__(self, app: str, message: str) -> None:
+        super().__init__(app, message)
+        self.app = app
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"application '{self.app}': {self.message}"
+
+
+@dataclass(frozen=True)
+class DeploymentRef:
+    """Stands in for a bound deployment passed as a constructor argument (composition)."""
+
+    app: str
+    name: str
+
+
+@dataclass
+class _Found:
+    name: str
+    target: Any
+    args: tuple
+    kwargs: dict
+    code_options: dict
+
+
+def import_attr(import_path: str) -> Any:
+    if ":" in import_path:
+        module_name, attr = import_path.split(":", 1)
+    else:
+        module_name, _, attr = import_path.rpartition(".")
+    module = importlib.import_module(module_name)
+    value = module
+    for part in attr.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def build_application(app_config: Mapping[str, Any]) -> list[DeploymentSpec]:
+    """Import and build one application; raises BuildError with the user's traceback."""
+    app = app_config["name"]
+    try:
+        target = import_attr(app_config["import_path"])
+        found = _discover(app, target, app_config.get("args") or {})
+    except BuildError:
+        raise
+    except Exception:  # the user's import or builder failed: surface their traceback
+        raise BuildError(app, f"importing '{app_config['import_path']}' failed:\n"
+                         + traceback.format_exc(limit=-8)) from None
+    overrides = {d["name"]: d for d in app_config.get("deployments") or []}
+    unknown = sorted(set(overrides) - {f.name for f in found})
+    if unknown:
+        known = ", ".join(f.name for f in found)
+        raise BuildError(app, f"deployments[] names {unknown} but the application has only "
+                         f"[{known}]; fix the names in the config")
+    return [_spec(app_config, f, overrides.get(f.name, {}), ingress=(i == 0))
+            for i, f in enumerate(found)]
+
+
+def _discover(app: str, target: Any, args: Mapping[str, Any]) -> list[_Found]:
+    """Ingress first, then every other deployment of the bound graph (each once)."""
+    from ray.serve.deployment import Application, Deployment
+
+    if isinstance(target, Deployment):
+        target = target.bind()
+    if inspect.isfunction(target) and args:
+        target = target(dict(args))
+        if not isinstance(target, Application) and not inspect.isclass(target):
+            raise BuildError(app, "the application builder must return a Serve application "
+                             f"or a class, got {type(target).__name__}")
+        args = {}
+    if isinstance(target, Application):
+        found: dict[str, _Found] = {}
+        _walk_serve_app(app, target, found)
+        return list(found.values())
+    if inspect.isclass(target) or inspect.isfunction(target):
+        return [_Found(target.__name__, target, (), dict(args), {})]
+    raise BuildError(app, f"import_path names a {type(target).__name__}; expected a class, a "
+                     "function, or a Ray Serve application (serve.deployment(...).bind())")
+
+
+def _walk_serve_app(app: str, node: Any, found: dict[str, _Found]) -> DeploymentRef:
+    from ray.serve.deployment import Application
+
+    dep = node._bound_deployment
+    if dep.name not in found:
+        found[dep.name] = _Found(dep.name, dep.func_or_class, (), {}, {})  # reserve order
+        swap = lambda v: _walk_serve_app(app, v, found) if isinstance(v, Application) else v
+        found[dep.name] = _Found(
+            dep.name, dep.func_or_class,
+            tuple(swap(a) for a in dep.init_args),
+            {k: swap(v) for k, v in dep.init_kwargs.items()},
+            _serve_code_options(dep))
+    return DeploymentRef(app, dep.name)
+
+
+def _serve_code_options(dep: Any) -> dict:
+    cfg = dep._deployment_config
+    options = {name: getattr(cfg, name) for name in _SERVE_OPTION_NAMES
+               if name in cfg.user_configured_option_names}
+    for name in ("autoscaling_config", "backpressure_config"):
+        if options.get(name) is not None:
+            options[name] = options[name].model_dump(exclude_unset=True)
+    options["ray_actor_options"] = dict(dep.ray_actor_options or {})
+    return options
+
+
+def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, Any],
+          ingress: bool) -> DeploymentSpec:
+    options = dict(DEPLOYMENT_DEFAULTS)
+    options.update(found.code_options)
+    options.update({k: v for k, v in override.items() if k != "name" and v is not None})
+    if override.get("autoscaling_config") is not None:
+        options["num_replicas"] = None
+    elif override.get("num_replicas") is not None:
+        options["autoscaling_config"] = None  # a fixed count in the config wins over code
+    if options.get("autoscaling_config") is not None and options.get("num_replicas") is None:
+        auto = options["autoscaling_config"]
+        options["num_replicas"] = auto.get("initial_replicas") or auto.get("min_replicas", 1)
+    backpressure = dict(DEPLOYMENT_DEFAULTS["backpressure_config"])
+    backpressure.update(options["backpressure_config"] or {})
+    runtime_env = dict(app_config.get("runtime_env") or {})
+    serialized = cloudpickle.dumps((found.target, found.args, found.kwargs))
+    actor_options = {k: v for k, v in dict(options["ray_actor_options"] or {}).items()
+                     if v is not None and v != {}}
+    version = stable_hash([app_config["import_path"], found.name, _source_digest(found.target),
+                           hashlib.blake2b(serialized).hexdigest(), actor_options, runtime_env])
+    return DeploymentSpec(
+        id=DeploymentId(app_config["name"], found.name), ingress=ingress,
+        code_version=version, serialized_def=serialized,
+        num_replicas=int(options["num_replicas"]),
+        max_ongoing_requests=int(options["max_ongoing_requests"]),
+        max_queued_requests=int(options["max_queued_requests"]),
+        user_config=options["user_config"], autoscaling_config=options["autoscaling_config"],
+        health_check_period_s=float(options["health_check_period_s"]),
+        health_check_timeout_s=float(options["health_check_timeout_s"]),
+        graceful_shutdown_timeout_s=float(options["graceful_shutdown_timeout_s"]),
+        backpressure_config=backpressure, ray_actor_options=actor_options,
+        route_prefix=app_config.get("route_prefix") if ingress else None,
+        runtime_env=runtime_env)
+
+
+def _source_digest(target: Any) -> str:
+    """Digest of the file defining the user's code, so an edited file is a new version."""
+    try:
+        path = inspect.getsourcefile(target)
+        with open(path, "rb") as f:
+            return hashlib.blake2b(f.read(), digest_size=8).hexdigest()
+    except (TypeError, OSError):
+        return "no-source"

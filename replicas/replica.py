@@ -1,0 +1,123 @@
+"""The replica actor: a thin shell over ``UserCallable`` plus request accounting and the
+periodic metric report to the owning shard.
+
+Lifecycle calls (``initialize``, ``check_health``, ``reconfigure``, ``prepare_for_shutdown``)
+never wait on a request slot: requests take ``max_ongoing_requests`` slots of a semaphore,
+control calls take none (DESIGN.md principle 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import ray.cloudpickle as cloudpickle
+
+from controlplane.autoscaling import MetricReport
+from replicas.context import ReplicaContext, set_replica_context
+from replicas.user_callable import UserCallable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaInit:
+    replica_id: str
+    app_name: str
+    deployment: str
+    serialized_def: bytes
+    user_config: Any
+    rank: int
+    max_ongoing_requests: int
+    shard_name: str
+    namespace: str
+    metrics_report_interval_s: float
+
+
+class Replica:
+    def __init__(self, init: ReplicaInit) -> None:
+        self._init = init
+        self._rank = init.rank
+        self._user: UserCallable | None = None
+        self._slots = asyncio.Semaphore(init.max_ongoing_requests)
+        self._ongoing = 0
+        self._queued = 0
+        self._idle = asyncio.Event()  # set while no request is queued or executing
+        self._idle.set()
+        self._reporter: asyncio.Task | None = None
+        self._set_context()
+
+    def _set_context(self) -> None:
+        i = self._init
+        set_replica_context(ReplicaContext(i.app_name, i.deployment, i.replica_id, self._rank))
+
+    async def initialize(self) -> dict:
+        """Construct the user's code, apply user_config, run a fresh health check."""
+        target, args, kwargs = cloudpickle.loads(self._init.serialized_def)
+        self._user = UserCallable(target, args, kwargs)
+        await self._user.construct()
+        if self._init.user_config is not None:
+            await self._user.reconfigure(self._init.user_config)
+        await self._user.check_health()
+        self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id(), "pid": os.getpid()}
+
+    async def check_health(self) -> None:
+        await self._user.check_health()
+
+    async def reconfigure(self, user_config: Any) -> None:
+        await self._user.reconfigure(user_config)
+
+    async def update_rank(self, rank: int) -> None:
+        self._rank = rank
+        self._set_context()
+
+    async def handle_request(self, method: str, args: tuple, kwargs: dict) -> Any:
+        self._idle.clear()
+        self._queued += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._queued -= 1
+        self._ongoing += 1
+        try:
+            return await self._user.call(method, args, kwargs)
+        finally:
+            self._ongoing -= 1
+            self._slots.release()
+            if not (self._ongoing or self._queued):
+                self._idle.set()
+
+    async def prepare_for_shutdown(self, timeout_s: float) -> None:
+        """Wait (up to timeout_s) for in-flight requests, then stop reporting."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning("graceful shutdown: %d request(s) still running after %.1fs",
+                           self._ongoing + self._queued, timeout_s)
+        if self._reporter is not None:
+            self._reporter.cancel()
+
+    def get_state(self) -> dict:
+        return {"replica_id": self._init.replica_id, "rank": self._rank, "pid": os.getpid(),
+                "ongoing_requests": self._ongoing, "queued_requests": self._queued}
+
+    def _report(self) -> MetricReport:
+        return MetricReport(replica_id=self._init.replica_id, sent_at=time.time(),
+                            ongoing_requests=self._ongoing, queued_requests=self._queued)
+
+    async def _report_forever(self) -> None:
+        shard = ray.get_actor(self._init.shard_name, namespace=self._init.namespace)
+        key = (self._init.app_name, self._init.deployment)
+        while True:
+            try:  # at most one report in flight: await it before the next
+                await shard.report_metrics.remote(key, self._report())
+            except Exception as e:  # the shard may be restarting; keep reporting
+                logger.warning("metric report to %s failed: %r", self._init.shard_name, e)
+            await asyncio.sleep(self._init.metrics_report_interval_s)

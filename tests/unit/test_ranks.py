@@ -1,0 +1,273 @@
+"""Ranks, the membership-gated consistency gate with its error backoff, and the pass."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import pytest
+
+from controlplane.clock import FakeClock
+from controlplane.lifecycle import ReplicaEvent, ReplicaState
+from controlplane.ranks import (
+    NO_RANK,
+    RankConsistencyGate,
+    RankError,
+    RankManager,
+    RankMove,
+    run_consistency_pass,
+)
+from controlplane.replica_set import ReplicaRecord, ReplicaSet
+
+S = ReplicaState
+E = ReplicaEvent
+
+
+def manager_with(*ids: str) -> RankManager:
+    manager = RankManager()
+    for rid in ids:
+        manager.assign(rid)
+    return manager
+
+
+def assert_permutation(manager: RankManager, ids) -> None:
+    ranks = manager.ranks()
+    assert set(ranks) == set(ids)
+    assert sorted(ranks.values()) == list(range(len(ids)))
+
+
+# -- RankManager -----------------------------------------------------------------------
+
+
+def test_assign_takes_lowest_free_and_is_idempotent():
+    manager = manager_with("a", "b", "c")
+    assert manager.ranks() == {"a": 0, "b": 1, "c": 2}
+    manager.release("b")
+    assert manager.assign("d") == 1
+    assert manager.assign("d") == 1
+    assert manager.assign("e") == 3
+
+
+def test_release_absent_and_rank_of():
+    manager = manager_with("a")
+    manager.release("nobody")
+    assert manager.rank_of("a") == 0 and manager.rank_of("nobody") is None
+    manager.release("a")
+    assert manager.rank_of("a") is None
+
+
+def test_ranks_returns_a_copy():
+    manager = manager_with("a")
+    manager.ranks()["a"] = 7
+    assert manager.rank_of("a") == 0
+
+
+def test_compact_after_scale_down_moves_the_minimum():
+    manager = manager_with("r0", "r1", "r2", "r3", "r4", "r5")
+    survivors = ["r0", "r2", "r4", "r5"]  # r1 and r3 scaled away: holes at 1 and 3
+    moves = manager.compact(survivors)
+    # Only ranks >= 4 move, highest first into the lowest hole.
+    assert moves == [RankMove("r5", 5, 1), RankMove("r4", 4, 3)]
+    assert manager.ranks() == {"r0": 0, "r5": 1, "r2": 2, "r4": 3}
+    assert_permutation(manager, survivors)
+
+
+def test_compact_after_replacement():
+    manager = manager_with("a", "b", "c")
+    manager.release("b")  # b died; its replacement has no rank yet
+    moves = manager.compact(["a", "c", "b2"])
+    assert moves == [("b2", NO_RANK, 1)]
+    assert manager.ranks() == {"a": 0, "c": 2, "b2": 1}
+
+
+def test_compact_releases_ids_not_listed_without_reporting_them():
+    manager = manager_with("a", "b", "c")
+    assert manager.compact(["a", "b"]) == []
+    assert manager.ranks() == {"a": 0, "b": 1}
+    assert manager.assign("z") == 2
+
+
+def test_compact_mixes_movers_and_new_ids():
+    manager = manager_with("a", "b", "c", "d")
+    moves = manager.compact(["d", "y", "x"])  # d holds 3 >= N=3; x, y unranked
+    assert moves == [("d", 3, 0), ("x", NO_RANK, 1), ("y", NO_RANK, 2)]
+    assert_permutation(manager, ["d", "x", "y"])
+
+
+def test_compact_second_call_is_a_no_op():
+    manager = manager_with("r0", "r1", "r2", "r3")
+    manager.compact(["r3", "r1", "new"])
+    after = manager.ranks()
+    assert manager.compact(["r3", "r1", "new"]) == []
+    assert manager.ranks() == after
+
+
+def test_compact_to_empty():
+    manager = manager_with("a", "b")
+    assert manager.compact([]) == []
+    assert manager.ranks() == {}
+
+
+def test_compact_rejects_duplicates_without_changing_anything():
+    manager = manager_with("a", "b", "c")
+    with pytest.raises(RankError, match="'a'"):
+        manager.compact(["a", "a"])
+    assert manager.ranks() == {"a": 0, "b": 1, "c": 2}
+
+
+def test_rank_error_pickles():
+    back = pickle.loads(pickle.dumps(RankError("boom")))
+    assert type(back) is RankError and back.message == "boom"
+
+
+# -- RankConsistencyGate ---------------------------------------------------------------
+
+
+def test_gate_runs_first_then_skips_while_unchanged():
+    gate = RankConsistencyGate()
+    assert gate.should_run(11, now=0.0)
+    gate.record_success(11)
+    assert not gate.should_run(11, now=1.0)
+    assert not gate.should_run(11, now=1e6)
+    assert (gate.passes_run, gate.passes_skipped) == (1, 2)
+
+
+def test_gate_runs_on_membership_change():
+    gate = RankConsistencyGate()
+    gate.record_success(11)
+    assert gate.should_run(12, now=0.0)
+
+
+def test_errored_pass_is_not_cached_and_backs_off_at_exact_times():
+    clock = FakeClock(1000.0)
+    gate = RankConsistencyGate(retry_after_error_s=30.0)
+    gate.record_success(10)
+    assert gate.should_run(11, clock.monotonic())
+    gate.record_error(11, clock.monotonic())
+    assert not gate.should_run(11, clock.monotonic())
+    clock.advance(29.999)
+    assert not gate.should_run(11, clock.monotonic())
+    clock.advance(0.001)  # now == 1030.0 == errored_at + retry_after_error_s
+    assert gate.should_run(11, clock.monotonic())
+    gate.record_success(11)
+    assert not gate.should_run(11, clock.monotonic())
+
+
+def test_membership_change_bypasses_backoff():
+    gate = RankConsistencyGate(retry_after_error_s=30.0)
+    gate.record_error(11, now=100.0)
+    assert gate.should_run(12, now=100.0)
+
+
+def test_error_forgets_the_last_validated_membership():
+    gate = RankConsistencyGate()
+    gate.record_success(10)
+    gate.record_error(11, now=0.0)
+    assert gate.should_run(10, now=0.0)
+
+
+def test_backoff_restarts_on_a_second_error():
+    gate = RankConsistencyGate(retry_after_error_s=30.0)
+    gate.record_error(11, now=0.0)
+    assert gate.should_run(11, now=30.0)
+    gate.record_error(11, now=30.0)
+    assert not gate.should_run(11, now=59.0)
+    assert gate.should_run(11, now=60.0)
+
+
+# -- run_consistency_pass --------------------------------------------------------------
+
+
+class FailingRankManager(RankManager):
+    """A real manager whose compact fails while ``failing`` is set; counts calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = False
+        self.compact_calls = 0
+
+    def compact(self, active_ids):
+        self.compact_calls += 1
+        if self.failing:
+            raise RankError("injected")
+        return super().compact(active_ids)
+
+
+def running(*ids: str) -> ReplicaSet:
+    replicas = ReplicaSet()
+    for rid in ids:
+        replicas.add(ReplicaRecord(replica_id=rid, state=S.RUNNING, version="v1"))
+    return replicas
+
+
+def test_pass_compacts_then_skips_while_membership_unchanged():
+    gate, manager, replicas = RankConsistencyGate(), FailingRankManager(), running("a", "b")
+    assert run_consistency_pass(gate, manager, replicas, now=0.0) == [
+        ("a", NO_RANK, 0),
+        ("b", NO_RANK, 1),
+    ]
+    for tick in range(1, 6):
+        assert run_consistency_pass(gate, manager, replicas, now=float(tick)) == []
+    assert manager.compact_calls == 1
+    assert gate.passes_skipped == 5
+
+
+def test_pass_skips_walks_in_steady_state():
+    gate, manager, replicas = RankConsistencyGate(), FailingRankManager(), running("a", "b")
+    run_consistency_pass(gate, manager, replicas, now=0.0)
+    walks = replicas.memo_recomputes
+    replicas.add(replicas.remove("a"))  # health-pass churn: pop and re-add
+    run_consistency_pass(gate, manager, replicas, now=1.0)
+    assert manager.compact_calls == 1
+    assert replicas.memo_recomputes == walks
+
+
+def test_pass_runs_on_membership_change():
+    gate, manager, replicas = RankConsistencyGate(), FailingRankManager(), running("a", "b", "c")
+    run_consistency_pass(gate, manager, replicas, now=0.0)
+    replicas.apply("a", E.STOP)
+    moves = run_consistency_pass(gate, manager, replicas, now=1.0)
+    assert moves == [("c", 2, 0)]
+    assert manager.ranks() == {"b": 1, "c": 0}
+
+
+def test_pass_does_nothing_while_a_replica_is_starting():
+    gate, manager, replicas = RankConsistencyGate(), FailingRankManager(), running("a")
+    replicas.add(ReplicaRecord(replica_id="s", state=S.STARTING, version="v1"))
+    assert run_consistency_pass(gate, manager, replicas, now=0.0) == []
+    assert manager.compact_calls == 0
+    assert (gate.passes_run, gate.passes_skipped) == (0, 0)
+    assert replicas.memo_recomputes == 0  # no collection was built
+    replicas.apply("s", E.STARTED)
+    assert run_consistency_pass(gate, manager, replicas, now=1.0) == [
+        ("a", NO_RANK, 0),
+        ("s", NO_RANK, 1),
+    ]
+
+
+def test_pass_error_is_logged_once_backed_off_then_retried(caplog):
+    gate = RankConsistencyGate(retry_after_error_s=30.0)
+    manager, replicas = FailingRankManager(), running("a")
+    manager.failing = True
+    with caplog.at_level(logging.ERROR, logger="controlplane.ranks"):
+        for tick in range(30):  # ticks at 0..29 s: one pass, one log line
+            assert run_consistency_pass(gate, manager, replicas, now=float(tick)) == []
+    assert manager.compact_calls == 1
+    assert len(caplog.records) == 1 and "injected" in caplog.records[0].getMessage()
+    manager.failing = False
+    assert run_consistency_pass(gate, manager, replicas, now=30.0) == [("a", NO_RANK, 0)]
+    assert manager.compact_calls == 2
+    assert run_consistency_pass(gate, manager, replicas, now=31.0) == []
+
+
+def test_pass_error_then_membership_change_runs_immediately():
+    gate = RankConsistencyGate(retry_after_error_s=30.0)
+    manager, replicas = FailingRankManager(), running("a")
+    manager.failing = True
+    run_consistency_pass(gate, manager, replicas, now=0.0)
+    manager.failing = False
+    replicas.add(ReplicaRecord(replica_id="b", state=S.RUNNING, version="v1"))
+    assert run_consistency_pass(gate, manager, replicas, now=1.0) == [
+        ("a", NO_RANK, 0),
+        ("b", NO_RANK, 1),
+    ]

@@ -1,0 +1,249 @@
+"""ReplicaSet: membership, the summed fingerprint, and the memos keyed on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.lifecycle import IllegalTransition, ReplicaEvent, ReplicaState
+from controlplane.replica_set import ReplicaRecord, ReplicaSet
+
+S = ReplicaState
+E = ReplicaEvent
+
+
+def rec(rid: str, state: ReplicaState = S.RUNNING, **fields) -> ReplicaRecord:
+    fields.setdefault("actor_id", f"actor-{rid}")
+    fields.setdefault("node_id", "node-a")
+    return ReplicaRecord(replica_id=rid, state=state, version="v1", **fields)
+
+
+def make_set(*records: ReplicaRecord) -> ReplicaSet:
+    replicas = ReplicaSet()
+    for record in records:
+        replicas.add(record)
+    return replicas
+
+
+# -- membership ------------------------------------------------------------------------
+
+
+def test_add_get_contains_len_records():
+    a, b = rec("a"), rec("b", S.STOPPING)
+    replicas = make_set(a, b)
+    assert len(replicas) == 2
+    assert "a" in replicas and "z" not in replicas
+    assert replicas.get("b") == b and replicas.get("z") is None
+    assert replicas.records() == [a, b]
+
+
+def test_add_duplicate_id_raises():
+    replicas = make_set(rec("a"))
+    with pytest.raises(ValueError):
+        replicas.add(rec("a", S.STOPPING))
+    assert replicas.get("a").state is S.RUNNING
+
+
+def test_terminal_records_are_refused():
+    replicas = make_set(rec("a"))
+    with pytest.raises(ValueError):
+        replicas.add(rec("b", S.FAILED))
+    with pytest.raises(ValueError):
+        replicas.replace(rec("a", S.STOPPED))
+    assert replicas.get("a").state is S.RUNNING and "b" not in replicas
+
+
+def test_remove_returns_record_and_updates_buckets():
+    a = rec("a")
+    replicas = make_set(a, rec("b"))
+    assert replicas.remove("a") == a
+    assert "a" not in replicas
+    assert replicas.count(S.RUNNING) == 1
+    with pytest.raises(KeyError):
+        replicas.remove("a")
+
+
+def test_replace_moves_between_buckets():
+    replicas = make_set(rec("a"), rec("b"))
+    replicas.replace(rec("a", S.STOPPING, message="scale down"))
+    assert replicas.ids_in(S.RUNNING) == {"b"}
+    assert replicas.ids_in(S.STOPPING) == {"a"}
+    assert replicas.get("a").message == "scale down"
+
+
+def test_replace_unknown_id_raises():
+    with pytest.raises(KeyError):
+        ReplicaSet().replace(rec("a"))
+
+
+def test_count_and_ids_in_over_several_states():
+    replicas = make_set(rec("a", S.STARTING), rec("b"), rec("c", S.UPDATING), rec("d", S.STOPPING))
+    assert replicas.count(S.STARTING) == 1
+    assert replicas.count(S.RUNNING, S.UPDATING) == 2
+    assert replicas.count() == 0
+    assert replicas.ids_in(S.RUNNING, S.STOPPING) == frozenset({"b", "d"})
+
+
+def test_apply_follows_the_table():
+    replicas = make_set(rec("a", S.STARTING))
+    moved = replicas.apply("a", E.STARTED)
+    assert moved.state is S.RUNNING
+    assert replicas.get("a") == moved
+    assert replicas.ids_in(S.STARTING) == frozenset()
+
+
+def test_apply_terminal_removes_and_returns_new_record():
+    replicas = make_set(rec("a", S.STARTING))
+    failed = replicas.apply("a", E.START_FAILED)
+    assert failed.state is S.FAILED
+    assert "a" not in replicas and len(replicas) == 0
+
+
+def test_apply_illegal_leaves_record_untouched():
+    replicas = make_set(rec("a"))
+    before = replicas.fingerprint
+    with pytest.raises(IllegalTransition):
+        replicas.apply("a", E.STARTED)
+    assert replicas.get("a").state is S.RUNNING
+    assert replicas.fingerprint == before
+
+
+def test_with_state_returns_new_frozen_record():
+    a = rec("a", S.STARTING)
+    b = a.with_state(S.RUNNING, node_id="node-b")
+    assert (a.state, a.node_id) == (S.STARTING, "node-a")
+    assert (b.state, b.node_id, b.replica_id) == (S.RUNNING, "node-b", "a")
+
+
+# -- fingerprint -----------------------------------------------------------------------
+
+
+def test_pop_and_re_add_cancels_exactly():
+    replicas = make_set(rec("a"), rec("b"), rec("c", S.STOPPING))
+    before = replicas.fingerprint
+    popped = [replicas.remove(rid) for rid in replicas.ids_in(S.RUNNING)]
+    assert replicas.fingerprint != before
+    for record in popped:
+        replicas.add(record)
+    assert replicas.fingerprint == before
+
+
+def test_fingerprint_is_order_independent():
+    one = make_set(rec("a"), rec("b"), rec("c"))
+    other = make_set(rec("c"), rec("a"), rec("b"))
+    assert one.fingerprint == other.fingerprint
+
+
+def test_arrival_departure_and_state_change_alter_fingerprint():
+    replicas = make_set(rec("a"))
+    seen = {replicas.fingerprint}
+    replicas.add(rec("b"))
+    seen.add(replicas.fingerprint)
+    replicas.apply("b", E.RECONFIGURE)
+    seen.add(replicas.fingerprint)
+    replicas.remove("a")
+    seen.add(replicas.fingerprint)
+    assert len(seen) == 4
+
+
+def test_fields_other_than_state_do_not_alter_fingerprint():
+    replicas = make_set(rec("a"))
+    before = replicas.fingerprint
+    replicas.replace(rec("a", actor_id="actor-new", node_id="node-z", rank=3, message="x"))
+    assert replicas.fingerprint == before
+
+
+def test_empty_fingerprint_is_zero_and_returns_there():
+    replicas = ReplicaSet()
+    assert replicas.fingerprint == 0
+    replicas.add(rec("a"))
+    replicas.apply("a", E.DIED)
+    assert replicas.fingerprint == 0
+
+
+# -- memos -----------------------------------------------------------------------------
+
+
+def steady_set() -> ReplicaSet:
+    return make_set(
+        rec("a", node_id="n1"),
+        rec("b", S.UPDATING, node_id="n2"),
+        rec("c", S.STOPPING, node_id="n3"),
+    )
+
+
+def test_memo_values():
+    replicas = steady_set()
+    assert replicas.running_ids() == frozenset({"a", "b"})
+    assert replicas.alive_actor_ids() == frozenset({"actor-a", "actor-b"})
+    assert replicas.node_ids() == frozenset({"n1", "n2"})
+    for value in (replicas.running_ids(), replicas.alive_actor_ids(), replicas.node_ids()):
+        assert type(value) is frozenset
+
+
+def test_memo_skips_records_without_actor_or_node():
+    replicas = make_set(rec("a"), rec("b", actor_id=None, node_id=None))
+    assert replicas.alive_actor_ids() == {"actor-a"}
+    assert replicas.node_ids() == {"node-a"}
+
+
+def test_steady_state_does_no_walk():
+    replicas = steady_set()
+    first = (replicas.running_ids(), replicas.alive_actor_ids(), replicas.node_ids())
+    after_first = replicas.memo_recomputes
+    assert after_first == 3
+    for _ in range(5):
+        again = (replicas.running_ids(), replicas.alive_actor_ids(), replicas.node_ids())
+        assert all(x is y for x, y in zip(again, first))
+    assert replicas.memo_recomputes == after_first
+
+
+def test_pop_and_re_add_keeps_memo():
+    replicas = steady_set()
+    replicas.running_ids()
+    before = replicas.memo_recomputes
+    replicas.add(replicas.remove("a"))
+    assert replicas.running_ids() == {"a", "b"}
+    assert replicas.memo_recomputes == before
+
+
+def test_state_change_recomputes_once():
+    replicas = steady_set()
+    replicas.running_ids()
+    before = replicas.memo_recomputes
+    replicas.apply("a", E.STOP)
+    assert replicas.running_ids() == {"b"}
+    assert replicas.running_ids() == {"b"}
+    assert replicas.memo_recomputes == before + 1
+
+
+def test_disarmed_while_starting():
+    replicas = steady_set()
+    replicas.add(rec("s", S.STARTING, actor_id=None, node_id=None))
+    before = replicas.memo_recomputes
+    for _ in range(3):
+        replicas.alive_actor_ids()
+    assert replicas.memo_recomputes == before + 3
+    # The actor materializes in place: the fingerprint does not move, yet it shows up.
+    fingerprint = replicas.fingerprint
+    replicas.replace(rec("s", S.STARTING, actor_id="actor-s", node_id="n9"))
+    assert replicas.fingerprint == fingerprint
+    assert replicas.alive_actor_ids() == {"actor-a", "actor-b", "actor-s"}
+    assert replicas.node_ids() == {"n1", "n2", "n9"}
+
+
+def test_rearmed_once_nothing_is_starting():
+    replicas = steady_set()
+    replicas.add(rec("s", S.STARTING))
+    replicas.running_ids()
+    replicas.apply("s", E.STARTED)
+    before = replicas.memo_recomputes
+    assert replicas.running_ids() == {"a", "b", "s"}
+    assert replicas.running_ids() == {"a", "b", "s"}
+    assert replicas.memo_recomputes == before + 1
+
+
+def test_placement_change_outside_start_is_not_served_stale():
+    replicas = steady_set()
+    assert replicas.alive_actor_ids() == {"actor-a", "actor-b"}
+    replicas.replace(rec("a", node_id="n1", actor_id="actor-a2"))
+    assert replicas.alive_actor_ids() == {"actor-a2", "actor-b"}
