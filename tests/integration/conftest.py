@@ -1,0 +1,82 @@
+"""One real local Ray per test session; every test talks to the same fleetplane controller."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pytest
+import ray
+
+from controlplane.client import Client, start_local_ray
+from controlplane.config import parse_deploy_config
+
+
+@pytest.fixture(scope="session")
+def fleet() -> Client:
+    start_local_ray(num_cpus=2)
+    client = Client()
+    client.start_controller()
+    yield client
+    client.shutdown(timeout_s=30)
+    ray.shutdown()
+
+
+def app(name: str, import_path: str = "tests.integration.apps:Model", *,
+        deployments: list[dict] | None = None, **extra) -> dict:
+    """An application entry; replicas use num_cpus=0 and a 1 s health period."""
+    deps = deployments if deployments is not None else [{"name": "Model"}]
+    for d in deps:
+        d.setdefault("ray_actor_options", {"num_cpus": 0})
+        d.setdefault("health_check_period_s", 1.0)
+        d.setdefault("health_check_timeout_s", 5.0)
+        d.setdefault("graceful_shutdown_timeout_s", 1.0)
+    return {"name": name, "route_prefix": f"/{name}", "import_path": import_path,
+            "deployments": deps, **extra}
+
+
+def deploy(client: Client, *apps: dict, num_shards: int = 2) -> dict:
+    cfg = {"applications": list(apps), "controller_options": {"num_shards": num_shards}}
+    return client.deploy(parse_deploy_config(cfg))
+
+
+def wait_for(client: Client, predicate: Callable[[dict], bool], timeout_s: float = 60.0,
+             what: str = "condition") -> dict:
+    """Poll status until predicate(status) holds (a deadline, not a timed assertion)."""
+    deadline = time.monotonic() + timeout_s
+    status = client.status()
+    while not predicate(status):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last status: {status}")
+        time.sleep(0.1)
+        status = client.status()
+    return status
+
+
+def dep_status(status: dict, app_name: str, dep: str = "Model") -> dict:
+    return status["applications"][app_name]["deployments"][dep]
+
+
+def settled(app_name: str, n: int, dep: str = "Model") -> Callable[[dict], bool]:
+    """HEALTHY with exactly n RUNNING replicas."""
+    def check(status: dict) -> bool:
+        d = status["applications"].get(app_name, {}).get("deployments", {}).get(dep)
+        return (d is not None and d["status"] == "HEALTHY" and len(d["replicas"]) == n
+                and all(r["state"] == "RUNNING" for r in d["replicas"]))
+    return check
+
+
+def call(replica: dict, *args, method: str = "__call__"):
+    handle = ray.get_actor(replica["actor_name"], namespace="fleetplane")
+    return ray.get(handle.handle_request.remote(method, args, {}), timeout=30)
+
+
+def wait_actor_gone(name: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace="fleetplane")
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"actor {name} still alive after {timeout_s}s")
