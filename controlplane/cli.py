@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
     except Exception as e:  # outermost: one clear line, not a Ray stack
         from controlplane.client import NoInstance
-        from controlplane.controller import DeployRejected
+        from controlplane.errors import DeployRejected
         from controlplane.user_code import BuildError
         if isinstance(e, (NoInstance, DeployRejected, BuildError, TimeoutError)):
             print(f"error: {e}", file=sys.stderr)

@@ -18,7 +18,11 @@ import ray
 from ray.exceptions import RayTaskError
 from ray.experimental import internal_kv
 
-from controlplane.config import ConfigError, config_to_dict, parse_deploy_config
+from controlplane.config import config_to_dict, parse_deploy_config
+from controlplane.errors import DeployRejected
+from controlplane.long_poll import LongPollHost
+from controlplane.proxy_fleet import ProxyFleet
+from controlplane.routing_client import ROUTES_KEY
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of
@@ -26,13 +30,6 @@ from controlplane.status import assemble_status
 from controlplane.user_code import BuildError, build_application
 
 logger = logging.getLogger(__name__)
-
-
-class DeployRejected(Exception):
-    """The config is valid but cannot be applied to this instance (terminal)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
 
 class Controller:
@@ -45,6 +42,8 @@ class Controller:
         self._shards: list[Any] = []
         self._generation = 0
         self._recovered = False
+        self._routes = LongPollHost()
+        self._proxies = ProxyFleet(self._settings)
 
     async def ready(self) -> dict:
         """Resume from the checkpoint once (a restarted controller re-applies it)."""
@@ -72,6 +71,7 @@ class Controller:
                 f"{len(self._shards)} or run `fleetplane shutdown` first")
         normalized = config_to_dict(cfg)
         specs = await self._build_all(normalized["applications"])  # raises: nothing changed
+        await self._proxies.ensure(normalized["http_options"])  # raises: nothing changed
         internal_kv._internal_kv_put(self._settings.checkpoint_key, json.dumps(normalized),
                                      overwrite=True)
         self._ensure_shards(num_shards)
@@ -80,8 +80,12 @@ class Controller:
         self._config = normalized
         self._generation += 1
         await self._push(old)
+        self._routes.publish(ROUTES_KEY, {
+            "num_shards": num_shards, "generation": self._generation,
+            "routes": {s.route_prefix: str(s.id) for s in specs
+                       if s.ingress and s.route_prefix is not None}})
         return {"generation": self._generation, "deployments": [str(s) for s in self._specs],
-                "num_shards": num_shards}
+                "num_shards": num_shards, "http": self._proxies.addresses()}
 
     async def _build_all(self, apps: list[dict]) -> list[DeploymentSpec]:
         refs = [_build_task(app).remote(app) for app in apps]
@@ -113,10 +117,16 @@ class Controller:
         await asyncio.gather(*(shard.apply.remote(per_shard[i], deleted[i])
                                for i, shard in enumerate(self._shards)))
 
+    async def listen_routes(self, known: dict, timeout_s: float = 30.0) -> dict:
+        """Long-poll for proxies and handles: route prefixes and the shard count."""
+        return await self._routes.listen(known, watch_all=True, timeout_s=timeout_s)
+
     async def status(self) -> dict:
         await self.ready()
         shard_status = await asyncio.gather(*(s.status.remote() for s in self._shards))
-        return assemble_status(self._config, shard_status, self._generation)
+        status = assemble_status(self._config, shard_status, self._generation)
+        status["controller"]["proxies"] = self._proxies.addresses()
+        return status
 
     async def shutdown(self, timeout_s: float = 60.0) -> dict:
         """Drain and stop every replica and shard, and forget the checkpoint."""
@@ -124,6 +134,7 @@ class Controller:
             drained = await asyncio.gather(*(s.shutdown.remote(timeout_s) for s in self._shards))
             for shard in self._shards:
                 ray.kill(shard, no_restart=True)
+            await self._proxies.shutdown()
             internal_kv._internal_kv_del(self._settings.checkpoint_key)
             self._shards, self._specs, self._config = [], {}, None
             return {"drained": all(drained)}

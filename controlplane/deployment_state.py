@@ -50,11 +50,13 @@ class DeploymentState:
         self.unhealthy = False
         self.next_seq = 0
         self._dirty = True
+        self.plans_run = 0  # observable: a steady deployment plans nothing
         self._metrics = MetricWindow(look_back_period_s=30.0)
         self._policy: AutoscalingPolicy | None = None
         self._scaling = ScalingState()
         self._next_autoscale_at = 0.0
         self.target_replicas = spec.num_replicas
+        self._routing_key: tuple | None = None
         self.ops = ops_factory(self)
         self._set_policy(spec)
 
@@ -63,6 +65,7 @@ class DeploymentState:
         code_changed = spec.code_version != self.spec.code_version
         if code_changed or spec.user_config_version != self.spec.user_config_version:
             self.deploy_failed, self.start_failures, self.backoff_until = False, 0, 0.0
+            self.last_error = ""
         if self._policy is None or spec.autoscaling_config != self.spec.autoscaling_config:
             self.target_replicas = spec.num_replicas
         self.spec = spec
@@ -98,6 +101,7 @@ class DeploymentState:
             self._autoscale(now)
         if self._dirty:
             self._dirty = False
+            self.plans_run += 1
             self._act(plan(self.snapshot(now)), now)
         self._run_due_health_checks(now)
         for replica_id, _old, new in run_consistency_pass(self.rank_gate, self.ranks,
@@ -178,6 +182,23 @@ class DeploymentState:
                         decision.target_replicas, decision.reason)
             self.target_replicas = decision.target_replicas
             self.mark_dirty()
+
+    # ---- routing ---------------------------------------------------------------------------
+    def routing_update(self) -> dict | None:
+        """What routers need, if it changed since the last call; else None, in O(1)
+        (membership is keyed on the fingerprint, limits on the spec)."""
+        spec = self.spec
+        key = (self.replicas.fingerprint, spec.max_ongoing_requests, spec.max_queued_requests,
+               tuple(sorted(spec.backpressure_config.items())))
+        if key == self._routing_key:
+            return None
+        self._routing_key = key
+        serving = [self.replicas.get(i) for i in sorted(self.replicas.running_ids())]
+        return {"replicas": [{"replica_id": r.replica_id, "actor_name": r.actor_name,
+                              "node_id": r.node_id} for r in serving],
+                "max_ongoing_requests": spec.max_ongoing_requests,
+                "max_queued_requests": spec.max_queued_requests,
+                "backpressure_config": dict(spec.backpressure_config)}
 
     # ---- status ---------------------------------------------------------------------------
     def status(self, now: float) -> dict:

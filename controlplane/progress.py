@@ -44,6 +44,8 @@ def render_table(status: dict) -> str:
                 health = "healthy" if r["healthy"] else "not healthy"
                 out.append(f"    {r['replica_id']:<40} {r['state']:<9} rank={r['rank']}"
                            f"  {health:<11} node={node}")
+    if not status["applications"]:
+        out.append("no applications")
     c = status["controller"]
     out.append(f"controller: {c['num_shards']} shard(s), generation {c['generation']}")
-    return "\n".join(out) if out else "no applications"
+    return "\n".join(out)

@@ -66,10 +66,12 @@ def plan(s: DeploymentSnapshot) -> list[Action]:
     old_serving = [r for r in old if r.state in SERVING_STATES]
     actions: list[Action] = [StopReplica(r.replica_id, "outdated version")
                              for r in old if r.state == ReplicaState.STARTING]
-    actions += [ReconfigureReplica(r.replica_id) for r in new
-                if r.state == ReplicaState.RUNNING and r.config_version != s.target_config_version]
     actions += _scale_new(s, new, old_serving)
     actions += _retire_old(s, new, old_serving)
+    stopping = {a.replica_id for a in actions if isinstance(a, StopReplica)}
+    actions += [ReconfigureReplica(r.replica_id) for r in new
+                if r.state == ReplicaState.RUNNING and r.replica_id not in stopping
+                and r.config_version != s.target_config_version]
     return actions
 
 

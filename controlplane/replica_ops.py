@@ -32,10 +32,14 @@ class ReplicaOps:
         self._namespace = namespace
         self._report_interval_s = metrics_report_interval_s
 
-    def _event(self, replica_id: str, event: ReplicaEvent, **changes: Any) -> ReplicaRecord | None:
-        """Apply one lifecycle event; terminal states drop the replica's bookkeeping."""
+    def _event(self, replica_id: str, event: ReplicaEvent, expect: ReplicaState | None = None,
+               **changes: Any) -> ReplicaRecord | None:
+        """Apply one lifecycle event; terminal states drop the replica's bookkeeping.
+        With ``expect``, an outcome that arrives after the replica moved on (e.g. a start
+        finishing after a scale-down began stopping it) is ignored: returns None."""
         d = self._d
-        if replica_id not in d.replicas:
+        current = d.replicas.get(replica_id)
+        if current is None or (expect is not None and current.state != expect):
             return None
         record = d.replicas.apply(replica_id, event)
         if changes and record.state not in (ReplicaState.FAILED, ReplicaState.STOPPED):
@@ -73,25 +77,28 @@ class ReplicaOps:
             self._client.kill(handle)
             self._start_failed(replica_id, str(e))
             return
-        record = self._event(replica_id, ReplicaEvent.STARTED, actor_id=info.get("actor_id"),
+        record = self._event(replica_id, ReplicaEvent.STARTED, expect=ReplicaState.STARTING,
+                             actor_id=info.get("actor_id"),
                              node_id=info.get("node_id"), message="")
         if record is None:
             return
-        d.start_failures = 0
+        d.start_failures, d.last_error = 0, ""
         if d.unhealthy and d.replicas.count(ReplicaState.RUNNING) >= d.target_replicas:
             d.unhealthy = False
         d.schedule_health_check(replica_id, self._clock.monotonic())
 
     def _start_failed(self, replica_id: str, message: str) -> None:
         d, settings = self._d, self._d.settings
-        if self._event(replica_id, ReplicaEvent.START_FAILED) is None:
+        if self._event(replica_id, ReplicaEvent.START_FAILED, expect=ReplicaState.STARTING) is None:
             return  # stopped while starting (scale-down or redeploy): not a failure
         d.start_failures += 1
         d.last_error = f"replica {replica_id} failed to start:\n{message}"
         delay = min(settings.start_backoff_initial_s * 2 ** (d.start_failures - 1),
                     settings.start_backoff_max_s)
         d.backoff_until = self._clock.monotonic() + delay
-        if d.start_failures >= settings.max_constructor_retries:
+        # Serve-like budget: a few tries per target replica, as one batch of starts can
+        # fail together before any backoff applies.
+        if d.start_failures >= settings.max_constructor_retries * max(1, d.target_replicas):
             d.deploy_failed = True
         logger.error("%s (failure %d, next try in %.1fs)", d.last_error, d.start_failures, delay)
 
@@ -128,11 +135,13 @@ class ReplicaOps:
             self._event(replica_id, ReplicaEvent.DIED, message=str(e))
             return
         except ReplicaCallFailed as e:
-            d.last_error = f"reconfigure of {replica_id} failed:\n{e}"
-            self.stop(replica_id, "reconfigure failed", event=ReplicaEvent.RECONFIGURE_FAILED)
+            record = d.replicas.get(replica_id)
+            if record is not None and record.state == ReplicaState.UPDATING:
+                d.last_error = f"reconfigure of {replica_id} failed:\n{e}"
+                self.stop(replica_id, "reconfigure failed", event=ReplicaEvent.RECONFIGURE_FAILED)
             return
-        d.config_versions[replica_id] = version
-        self._event(replica_id, ReplicaEvent.RECONFIGURED)
+        if self._event(replica_id, ReplicaEvent.RECONFIGURED, expect=ReplicaState.UPDATING):
+            d.config_versions[replica_id] = version
 
     def update_rank(self, replica_id: str, rank: int) -> None:
         handle = self._d.handles.get(replica_id)

@@ -15,6 +15,7 @@ from typing import Any, Coroutine
 
 from controlplane.clock import Clock, SystemClock
 from controlplane.deployment_state import DeploymentState
+from controlplane.long_poll import LongPollHost
 from controlplane.replica_client import RayReplicaClient
 from controlplane.replica_ops import ReplicaOps
 from controlplane.settings import Settings, shard_actor_name
@@ -34,6 +35,7 @@ class ShardCore:
         self._deployments: dict[DeploymentId, DeploymentState] = {}
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
+        self.routing = LongPollHost()  # key: str(DeploymentId) -> routing payload
         self.ticks = 0
         self.last_tick_s = 0.0
 
@@ -87,6 +89,11 @@ class ShardCore:
             state.tick(now)
             if state.finished_deleting:
                 del self._deployments[dep_id]
+                self.routing.remove(str(dep_id))
+                continue
+            update = state.routing_update()
+            if update is not None:
+                self.routing.publish(str(dep_id), update)
         self.ticks += 1
         self.last_tick_s = time.perf_counter() - started
 
@@ -130,6 +137,12 @@ class ControllerShard:
 
     async def status(self) -> dict:
         return self._core.status()
+
+    async def listen_routing(self, known: dict, watch_all: bool = False,
+                             timeout_s: float = 30.0) -> dict:
+        """Long-poll: replica sets and limits of owned deployments that changed."""
+        self._core.ensure_running()
+        return await self._core.routing.listen(known, watch_all, timeout_s)
 
     async def shutdown(self, timeout_s: float) -> bool:
         return await self._core.wait_drained(timeout_s)

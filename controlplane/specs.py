@@ -25,7 +25,7 @@ DEPLOYMENT_DEFAULTS: Mapping[str, Any] = {
     "health_check_timeout_s": 30.0,
     "graceful_shutdown_timeout_s": 20.0,
     "backpressure_config": {"status_code": 503, "retry_after_s": None},
-    "ray_actor_options": {"num_cpus": 1},
+    "ray_actor_options": {"num_cpus": 1.0},
 }
 
 
@@ -67,9 +67,10 @@ class DeploymentSpec:
         return replace(self, num_replicas=n)
 
 
-def stable_hash(value: Any) -> str:
-    """A short digest of JSON-able data that is the same in every process."""
-    text = json.dumps(value, sort_keys=True, default=repr)
+def stable_hash(value: Any, strict: bool = False) -> str:
+    """A short digest of JSON-able data that is the same in every process. With
+    strict=True, non-JSON values raise TypeError instead of hashing their repr."""
+    text = json.dumps(value, sort_keys=True, default=None if strict else repr)
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 

@@ -151,17 +151,19 @@ def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, A
         options["num_replicas"] = None
     elif override.get("num_replicas") is not None:
         options["autoscaling_config"] = None  # a fixed count in the config wins over code
-    if options.get("autoscaling_config") is not None and options.get("num_replicas") is None:
+    if options.get("autoscaling_config") is not None:  # the config rejects setting both
         auto = options["autoscaling_config"]
-        options["num_replicas"] = auto.get("initial_replicas") or auto.get("min_replicas", 1)
+        initial = auto.get("initial_replicas")
+        options["num_replicas"] = initial if initial is not None else auto.get("min_replicas", 1)
     backpressure = dict(DEPLOYMENT_DEFAULTS["backpressure_config"])
     backpressure.update(options["backpressure_config"] or {})
     runtime_env = dict(app_config.get("runtime_env") or {})
     serialized = cloudpickle.dumps((found.target, found.args, found.kwargs))
-    actor_options = {k: v for k, v in dict(options["ray_actor_options"] or {}).items()
+    actor_options = {k: (float(v) if isinstance(v, int) and not isinstance(v, bool) else v)
+                     for k, v in dict(options["ray_actor_options"] or {}).items()
                      if v is not None and v != {}}
-    version = stable_hash([app_config["import_path"], found.name, _source_digest(found.target),
-                           hashlib.blake2b(serialized).hexdigest(), actor_options, runtime_env])
+    version = stable_hash([app_config["import_path"], found.name, _code_identity(found),
+                           actor_options, runtime_env])
     return DeploymentSpec(
         id=DeploymentId(app_config["name"], found.name), ingress=ingress,
         code_version=version, serialized_def=serialized,
@@ -175,6 +177,23 @@ def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, A
         backpressure_config=backpressure, ray_actor_options=actor_options,
         route_prefix=app_config.get("route_prefix") if ingress else None,
         runtime_env=runtime_env)
+
+
+def _code_identity(found: _Found) -> list:
+    """What identifies the code, the same in every process. Not the pickle bytes: a class
+    under @serve.deployment is pickled by value, with ids that differ per process."""
+    target = found.target
+    name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', '?')}"
+    return [name, _source_digest(target), _args_digest(found.args, found.kwargs)]
+
+
+def _args_digest(args: tuple, kwargs: dict) -> str:
+    as_data = lambda v: ["deployment", v.app, v.name] if isinstance(v, DeploymentRef) else v
+    try:
+        return stable_hash([[as_data(a) for a in args],
+                            {k: as_data(v) for k, v in sorted(kwargs.items())}], strict=True)
+    except (TypeError, ValueError):  # not JSON: objects pickled by value hash stably enough
+        return hashlib.blake2b(cloudpickle.dumps((args, kwargs)), digest_size=8).hexdigest()
 
 
 def _source_digest(target: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from ray import serve
+from starlette.requests import Request
 
 
 class Greeter:
@@ -22,7 +23,8 @@ class Greeter:
         if not self.greeting:
             raise RuntimeError("no greeting configured")
 
-    def __call__(self, name: str = "world") -> dict:
+    def __call__(self, request: Request) -> dict:
+        name = request.query_params.get("name", "world")
         return {"model": self.model_name, "text": f"{self.greeting}, {name}!"}
 
 
@@ -30,8 +32,8 @@ class Greeter:
 class Echo:
     """An existing Ray Serve deployment, served unchanged."""
 
-    async def __call__(self, text: str = "") -> str:
-        return text
+    async def __call__(self, request: Request) -> str:
+        return (await request.body()).decode() or request.query_params.get("text", "")
 
 
 echo_app = Echo.bind()

@@ -9,17 +9,19 @@ control calls take none (DESIGN.md principle 3).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator
 
 import ray
 import ray.cloudpickle as cloudpickle
 
 from controlplane.autoscaling import MetricReport
 from replicas.context import ReplicaContext, set_replica_context
+from replicas.http_adapter import HTTPRequestData, response_parts, to_starlette
 from replicas.user_callable import UserCallable
 
 logger = logging.getLogger(__name__)
@@ -78,7 +80,9 @@ class Replica:
         self._rank = rank
         self._set_context()
 
-    async def handle_request(self, method: str, args: tuple, kwargs: dict) -> Any:
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """Hold one of max_ongoing_requests slots; counts queued and ongoing requests."""
         self._idle.clear()
         self._queued += 1
         try:
@@ -87,12 +91,29 @@ class Replica:
             self._queued -= 1
         self._ongoing += 1
         try:
-            return await self._user.call(method, args, kwargs)
+            yield
         finally:
             self._ongoing -= 1
             self._slots.release()
             if not (self._ongoing or self._queued):
                 self._idle.set()
+
+    async def handle_request(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """A handle call: returns what the user's method returned."""
+        async with self._slot():
+            return await self._user.call(method, args, kwargs)
+
+    async def handle_http(self, request: HTTPRequestData) -> AsyncIterator[Any]:
+        """An HTTP request (Ray streaming generator): yields the response head, then body
+        chunks, so generators stream through the proxy as they are produced."""
+        async with self._slot():
+            result = await self._user.call("__call__", (to_starlette(request),), {})
+            async for part in response_parts(result):
+                yield part
+
+    def get_queue_len(self) -> int:
+        """For routers' probes: never waits for a slot (DESIGN.md principle 3)."""
+        return self._ongoing + self._queued
 
     async def prepare_for_shutdown(self, timeout_s: float) -> None:
         """Wait (up to timeout_s) for in-flight requests, then stop reporting."""

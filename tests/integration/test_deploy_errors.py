@@ -7,7 +7,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from controlplane.config import ConfigError
-from controlplane.controller import DeployRejected
+from controlplane.errors import DeployRejected
 from controlplane.user_code import BuildError
 from tests.integration.conftest import app, dep_status, deploy, settled, wait_for
 

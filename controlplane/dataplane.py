@@ -1,0 +1,161 @@
+"""The routers of one process (a proxy, or a replica holding handles) and the Ray
+transport they call replicas through.
+
+``RouterSet`` keeps one ``Router`` per deployment, fed by ``RoutingSubscriber`` pushes.
+HTTP requests hold their router slot for the whole streamed response: the replica yields
+the response head first, then body chunks (``Replica.handle_http``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+from controlplane.clock import Clock
+from controlplane.router import Router
+from controlplane.router_types import (BackpressureError, ReplicaInfo, ReplicaUnavailableError,
+                                       RouterClosedError, RoutingConfig)
+
+_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
+
+
+class RayTransport:
+    """ReplicaTransport over Ray actor calls; actor handles cached by name."""
+
+    def __init__(self, namespace: str) -> None:
+        self._namespace = namespace
+        self._handles: dict[str, Any] = {}
+
+    def handle(self, replica: ReplicaInfo) -> Any:
+        handle = self._handles.get(replica.actor_name)
+        if handle is None:
+            try:
+                handle = ray.get_actor(replica.actor_name, namespace=self._namespace)
+            except ValueError:
+                raise ReplicaUnavailableError(replica.replica_id, "actor not found") from None
+            self._handles[replica.actor_name] = handle
+        return handle
+
+    def forget(self, replica: ReplicaInfo) -> None:
+        self._handles.pop(replica.actor_name, None)
+
+    async def send(self, replica: ReplicaInfo, request: tuple[str, tuple, dict]) -> Any:
+        method, args, kwargs = request
+        try:
+            return await self.handle(replica).handle_request.remote(method, args, kwargs)
+        except _GONE as e:
+            self.forget(replica)
+            raise ReplicaUnavailableError(replica.replica_id, _first_line(e)) from None
+
+    async def probe_queue_len(self, replica: ReplicaInfo, deadline_s: float) -> int:
+        try:
+            return await asyncio.wait_for(self.handle(replica).get_queue_len.remote(),
+                                          deadline_s)
+        except _GONE as e:
+            self.forget(replica)
+            raise ReplicaUnavailableError(replica.replica_id, _first_line(e)) from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def user_error_text(error: RayTaskError) -> str:
+    """The user's exception as text (RayTaskError's str carries their traceback)."""
+    cause = error.cause
+    return f"{type(cause).__name__}: {cause}" if cause is not None else _first_line(error)
+
+
+class RouterSet:
+    def __init__(self, namespace: str, clock: Clock, rng: random.Random | None = None) -> None:
+        self.transport = RayTransport(namespace)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._routers: dict[str, Router] = {}
+
+    def update(self, key: str, payload: dict | None) -> None:
+        router = self._routers.get(key)
+        if payload is None:
+            if router is not None:
+                router.close("the deployment was deleted")
+                del self._routers[key]
+            return
+        if router is None:
+            config = RoutingConfig.from_routing_update(key, payload)
+            router = self._routers[key] = Router(config, self.transport, self._clock, self._rng)
+        router.apply_routing_update(payload)
+
+    def get(self, key: str) -> Router | None:
+        return self._routers.get(key)
+
+    def statistics(self) -> list:
+        return [r.statistics() for r in self._routers.values()]
+
+    async def call(self, key: str, method: str, args: tuple, kwargs: dict) -> Any:
+        """A handle call: the user's result, or their exception (unwrapped from Ray)."""
+        router = self._routers.get(key)
+        if router is None:
+            raise RouterClosedError(key, "no running replicas are known for it yet")
+        try:
+            return await router.assign((method, args, kwargs))
+        except RayTaskError as e:
+            raise (e.cause if isinstance(e.cause, Exception) else e) from None
+
+    async def serve_http(self, key: str, data: Any, send: Any) -> tuple[int, bool]:
+        """Answer one HTTP request through the deployment's router.
+        Returns (status code sent, whether it was a backpressure rejection)."""
+        router = self._routers.get(key)
+        if router is None:
+            await _plain(send, 503, f"deployment {key} has no running replicas yet")
+            return 503, False
+        started = [False]
+        try:
+            async with router.slot() as replica:
+                return await self._stream(replica, data, send, started), False
+        except BackpressureError as e:
+            headers = [(k.lower().encode(), v.encode()) for k, v in e.headers().items()]
+            await _plain(send, e.status_code, str(e), headers)
+            return e.status_code, True
+        except (ReplicaUnavailableError, RouterClosedError) as e:
+            if not started[0]:
+                await _plain(send, e.status_code, str(e))
+            return e.status_code, False
+
+    async def _stream(self, replica: ReplicaInfo, data: Any, send: Any,
+                      started: list[bool]) -> int:
+        gen = self.transport.handle(replica).handle_http.options(
+            num_returns="streaming").remote(data)
+        try:
+            head = await (await gen.__anext__())
+        except _GONE as e:
+            self.transport.forget(replica)
+            raise ReplicaUnavailableError(replica.replica_id, _first_line(e)) from None
+        except RayTaskError as e:
+            await _plain(send, 500, f"the deployment raised {user_error_text(e)}")
+            return 500
+        await send({"type": "http.response.start", "status": head["status"],
+                    "headers": head["headers"]})
+        started[0] = True
+        try:
+            async for ref in gen:
+                await send({"type": "http.response.body", "body": await ref, "more_body": True})
+        except _GONE as e:
+            raise ReplicaUnavailableError(replica.replica_id, _first_line(e)) from None
+        except RayTaskError:
+            pass  # the head is out: all we can do is end the body
+        await send({"type": "http.response.body", "body": b""})
+        return head["status"]
+
+
+async def _plain(send: Any, status: int, text: str,
+                 headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = text.encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})

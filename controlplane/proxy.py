@@ -1,0 +1,132 @@
+"""The HTTP proxy actor: one per node, serving ``http_options`` with uvicorn.
+
+Requests are matched to an application's ingress deployment by longest route prefix and
+handed to that deployment's ``Router`` (power of two choices, backpressure). Routes and
+replica sets arrive by long-poll (``RoutingSubscriber``): no controller call per request.
+The response head is awaited before answering, so a backpressure rejection or a dead
+replica becomes a clean status code; the body then streams as the replica yields it.
+
+Endpoints of its own: ``/-/healthz`` ("success" once it holds a route table),
+``/-/routes`` (JSON prefix -> app), ``/metrics`` (Prometheus text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from typing import Any
+
+import uvicorn
+
+from controlplane.clock import SystemClock
+from controlplane.dataplane import RouterSet
+from controlplane.proxy_metrics import ProxyMetrics
+from controlplane.route_table import RouteTable
+from controlplane.routing_client import RoutingSubscriber
+from controlplane.settings import Settings
+from replicas.http_adapter import HTTPRequestData
+
+logger = logging.getLogger(__name__)
+
+
+async def _read_body(receive: Any) -> bytes:
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+async def _respond(send: Any, status: int, body: bytes,
+                   content_type: bytes = b"text/plain; charset=utf-8") -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ProxyApp:
+    """The ASGI application; separate from the actor so it can be served in tests."""
+
+    def __init__(self, routers: RouterSet, metrics: ProxyMetrics) -> None:
+        self.routers = routers
+        self.metrics = metrics
+        self.table = RouteTable()
+        self.has_routes = False
+
+    def set_routes(self, payload: dict) -> None:
+        self.table = RouteTable(payload["routes"])
+        self.has_routes = True
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/-/healthz":
+            ok = self.has_routes
+            await _respond(send, 200 if ok else 503, b"success" if ok else b"no route table yet")
+        elif path == "/-/routes":
+            await _respond(send, 200, json.dumps(self.table.routes).encode(), b"application/json")
+        elif path == "/metrics":
+            body, kind = self.metrics.render()
+            await _respond(send, 200, body, kind.encode())
+        else:
+            await self._forward(scope, receive, send)
+
+    async def _forward(self, scope: dict, receive: Any, send: Any) -> None:
+        started = time.perf_counter()
+        match = self.table.match(scope["path"])
+        if match is None:
+            await _respond(send, 404, f"no route for {scope['path']}".encode())
+            self.metrics.observe("", "", 404, time.perf_counter() - started)
+            return
+        prefix, dep_key = match
+        data = HTTPRequestData(
+            method=scope["method"], path=scope["path"], query_string=scope["query_string"],
+            headers=list(scope["headers"]), body=await _read_body(receive),
+            route_prefix=prefix, client=tuple(scope["client"]) if scope.get("client") else None)
+        status, rejected = await self.routers.serve_http(dep_key, data, send)
+        self.metrics.observe(dep_key, prefix, status, time.perf_counter() - started)
+        if rejected:
+            self.metrics.rejections.labels(dep_key, str(status)).inc()
+
+
+class Proxy:
+    """The Ray actor: binds the socket, runs uvicorn in the actor's event loop."""
+
+    def __init__(self, settings: dict, http_options: dict) -> None:
+        self._settings = Settings.from_dict(settings)
+        self._http = http_options
+        self._routers = RouterSet(self._settings.namespace, SystemClock())
+        self._app = ProxyApp(self._routers, ProxyMetrics())
+        self._server: uvicorn.Server | None = None
+        self._subscriber: RoutingSubscriber | None = None
+
+    async def ready(self) -> str:
+        if self._server is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self._http["host"], self._http["port"]))  # OSError: port in use
+            config = uvicorn.Config(self._app, log_level="warning", lifespan="off",
+                                    access_log=False, timeout_keep_alive=30)
+            self._server = uvicorn.Server(config)
+            self._serving = asyncio.get_running_loop().create_task(
+                self._server.serve(sockets=[sock]))
+            self._subscriber = RoutingSubscriber(self._settings, self._routers.update,
+                                                 self._app.set_routes)
+            self._subscriber.start()
+        while not self._server.started:  # uvicorn has no started event to await
+            if self._serving.done():
+                raise RuntimeError(f"uvicorn stopped: {self._serving.exception()!r}")
+            await asyncio.sleep(0.01)
+        return f"http://{self._http['host']}:{self._http['port']}"
+
+    async def shutdown(self) -> None:
+        if self._subscriber is not None:
+            self._subscriber.stop()
+        if self._server is not None:
+            self._server.should_exit = True

@@ -1,0 +1,68 @@
+"""The controller's side of the proxies: one proxy actor per alive node, bound to
+``http_options``; created before a deploy commits, so a port that cannot be bound
+rejects the deploy with nothing changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from controlplane.errors import DeployRejected
+from controlplane.settings import Settings
+
+
+def proxy_actor_name(node_id: str) -> str:
+    return f"fleetplane_proxy::{node_id}"
+
+
+class ProxyFleet:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._http: dict | None = None
+        self._proxies: dict[str, Any] = {}  # node_id -> proxy actor
+
+    def addresses(self) -> list[str]:
+        if not self._http:
+            return []
+        return [f"http://{self._http['host']}:{self._http['port']}"] * len(self._proxies)
+
+    async def ensure(self, http_options: dict) -> None:
+        if self._http is not None and http_options != self._http:
+            raise DeployRejected(
+                f"http_options cannot change on a running instance (running: {self._http}, "
+                f"requested: {http_options}); keep them or run `fleetplane shutdown` first")
+        from controlplane.proxy import Proxy
+
+        remote_proxy = ray.remote(Proxy)
+        created = {}
+        for node in ray.nodes():
+            node_id = node["NodeID"]
+            if not node["Alive"] or node_id in self._proxies:
+                continue
+            created[node_id] = remote_proxy.options(
+                name=proxy_actor_name(node_id), namespace=self._settings.namespace,
+                lifetime="detached", num_cpus=0, max_concurrency=100_000, get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(self._settings.to_dict(), http_options)
+        results = await asyncio.gather(*(p.ready.remote() for p in created.values()),
+                                       return_exceptions=True)
+        failed = [(n, r) for n, r in zip(created, results) if isinstance(r, BaseException)]
+        if failed:
+            for proxy in created.values():
+                ray.kill(proxy, no_restart=True)
+            node, error = failed[0]
+            raise DeployRejected(f"the HTTP proxy could not serve http_options "
+                                 f"{http_options} on node {node[:12]}: {error}")
+        self._proxies.update(created)
+        self._http = dict(http_options)
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(p.shutdown.remote() for p in self._proxies.values()),
+                             return_exceptions=True)
+        for proxy in self._proxies.values():
+            ray.kill(proxy, no_restart=True)
+        self._proxies, self._http = {}, None

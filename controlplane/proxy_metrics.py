@@ -1,0 +1,28 @@
+"""The proxy's Prometheus metrics (served on /metrics), per deployment."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("fleetplane_http_requests", "HTTP requests by outcome",
+                                ["deployment", "route", "status_code"], registry=self.registry)
+        self.latency = Histogram("fleetplane_http_request_latency_seconds",
+                                 "Time to the response head", ["deployment", "route"],
+                                 registry=self.registry,
+                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5,
+                                          5, 10, 30, 60))
+        self.rejections = Counter("fleetplane_backpressure_rejections",
+                                  "Requests rejected by backpressure",
+                                  ["deployment", "status_code"], registry=self.registry)
+
+    def observe(self, deployment: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(deployment, route, str(status)).inc()
+        self.latency.labels(deployment, route).observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,166 @@
+"""The ``Retry-After`` value a router sends with a backpressure rejection.
+
+Owns the two policies of seed 002 ("Computed Retry-After for backpressure rejections"):
+
+- ``static``: the operator's ``retry_after_s``, rounded up, or no header.
+- ``router_queue_drain_rate``: ``ceil(own_queue_depth / drain_rate * saturation_factor)``,
+  jittered +-20%, clamped to [1, 60] s; falls back to ``static`` while the drain-rate EWMA
+  is cold, then to no header.
+
+Invariants (the seed's goals): everything here is pure and O(1), so the rejection path
+stays as cheap as a static header (no RPC, no lock, no walk over replicas); a policy never
+raises and never delays a rejection, it only downgrades along the fallback ladder. Time
+(``now``) and randomness (``rng``) are passed in.
+
+Values are RFC 9110 section 10.2.3 ``delay-seconds``: a non-negative integer, so a
+fractional estimate is rounded *up* (a client that retries early meets another rejection).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Literal, get_args
+
+RetryAfterPolicy = Literal["static", "router_queue_drain_rate"]
+POLICIES: tuple[str, ...] = get_args(RetryAfterPolicy)
+
+# Seed 002's implementation constants: the factor is bounded to [1, 1.5].
+SATURATION_STREAK_B = 5
+SATURATION_W_OCCUPANCY = 0.25
+SATURATION_W_BACKOFF = 0.25
+# Common client SDKs ignore Retry-After above 60 s and fall back to their own backoff, so
+# larger values communicate nothing (seed 002, "Clamp to [1, 60] seconds").
+MIN_RETRY_AFTER_S = 1
+MAX_RETRY_AFTER_S = 60
+# Server-side jitter: equal values across routers would make clients retry in sync, a
+# thundering herd one Retry-After later; AWS documents jitter as the service's job.
+JITTER_FRACTION = 0.2
+
+
+def check_policy(name: str) -> RetryAfterPolicy:
+    """``name`` if it is a known policy; else ValueError naming the field and the choices."""
+    if name not in POLICIES:
+        raise ValueError(f"backpressure_config.retry_after_policy: unknown policy {name!r}; "
+                         f"use one of {', '.join(POLICIES)}")
+    return name  # type: ignore[return-value]
+
+
+class DrainRateEstimator:
+    """EWMA of this router's assignment throughput, in requests per second.
+
+    Fed with ``record_assignment(now)`` at each assignment, O(1). Time is cut into
+    ``interval_s`` intervals; when one closes, ``rate = alpha * count / interval_s +
+    (1 - alpha) * rate``, and k empty intervals decay the rate by ``(1 - alpha) ** k`` in
+    one step (no per-interval loop after an idle spell). The first interval with traffic
+    seeds the EWMA with its own sample instead of averaging against zero, so a warm
+    estimate is not biased low. Warm (``rate_per_s`` not None) once ``min_warm_intervals``
+    intervals had traffic; cold again after ``stale_after_s`` without an assignment, so a
+    burst after a long idle spell gets the static fallback instead of a rate decayed to ~0.
+    """
+
+    def __init__(self, alpha: float = 0.3, interval_s: float = 1.0, min_warm_intervals: int = 3,
+                 stale_after_s: float = 10.0) -> None:
+        if not 0 < alpha <= 1 or interval_s <= 0 or min_warm_intervals < 1:
+            raise ValueError("DrainRateEstimator needs 0 < alpha <= 1, interval_s > 0 and "
+                             "min_warm_intervals >= 1")
+        self._alpha = alpha
+        self._interval_s = interval_s
+        self._min_warm = min_warm_intervals
+        self._stale_after_s = stale_after_s
+        self._reset()
+
+    def _reset(self) -> None:
+        self._interval_start: float | None = None
+        self._count = 0  # assignments in the open interval
+        self._rate: float | None = None  # None until the first interval with traffic closed
+        self._traffic_intervals = 0
+        self._last_assignment_at: float | None = None
+
+    def record_assignment(self, now: float) -> None:
+        if self._last_assignment_at is not None and self._is_stale(now):
+            self._reset()
+        self._roll(now)
+        if self._interval_start is None:
+            self._interval_start = now
+        self._count += 1
+        self._last_assignment_at = now
+
+    def rate_per_s(self, now: float) -> float | None:
+        """The smoothed drain rate, or None while cold (too little or too old traffic)."""
+        self._roll(now)
+        if self._last_assignment_at is None or self._is_stale(now):
+            return None
+        if self._traffic_intervals < self._min_warm:
+            return None
+        return self._rate
+
+    def _is_stale(self, now: float) -> bool:
+        return now - self._last_assignment_at > self._stale_after_s
+
+    def _roll(self, now: float) -> None:
+        """Close every interval that ended before ``now``."""
+        if self._interval_start is None:
+            return
+        closed = int((now - self._interval_start) // self._interval_s)
+        if closed <= 0:
+            return
+        sample = self._count / self._interval_s
+        if self._rate is None:
+            self._rate = sample if self._count else None
+        else:
+            self._rate = self._alpha * sample + (1 - self._alpha) * self._rate
+        if self._count:
+            self._traffic_intervals += 1
+        if self._rate is not None:
+            self._rate *= (1 - self._alpha) ** (closed - 1)  # the empty intervals after it
+        self._interval_start += closed * self._interval_s
+        self._count = 0
+
+
+def saturation_factor(occupancy: float, backoff_streak: int) -> float:
+    """``1 + w1 * occupancy + w2 * min(streak / B, 1)``, in [1, 1.5] (seed 002).
+
+    ``occupancy`` is the sum of known replica queue lengths over fleet capacity; it reads
+    "full" whenever backpressure fires, so it only nudges; the drain rate carries the
+    estimate.
+    """
+    occupancy = min(1.0, max(0.0, occupancy))
+    backoff = min(max(backoff_streak, 0) / SATURATION_STREAK_B, 1.0)
+    return 1.0 + SATURATION_W_OCCUPANCY * occupancy + SATURATION_W_BACKOFF * backoff
+
+
+def static_retry_after_s(static_s: float | None) -> int | None:
+    """The operator's value as RFC 9110 delay-seconds (rounded up), or None: no header."""
+    if static_s is None:
+        return None
+    return max(0, math.ceil(static_s))
+
+
+def compute_retry_after_s(queue_depth: int, estimator: DrainRateEstimator, occupancy: float,
+                          backoff_streak: int, static_s: float | None, rng: random.Random,
+                          now: float) -> int | None:
+    """``router_queue_drain_rate``, with seed 002's fallback ladder.
+
+    computed (estimator warm, rate > 0) -> static ``retry_after_s`` -> None (no header).
+    ``queue_depth`` is the number of requests already queued at this router, ahead of the
+    rejected one. Jitter is applied before rounding up and clamping.
+    """
+    rate = estimator.rate_per_s(now)
+    if rate is None or not rate > 0 or not math.isfinite(rate):
+        return static_retry_after_s(static_s)
+    estimate = max(queue_depth, 0) / rate * saturation_factor(occupancy, backoff_streak)
+    jittered = estimate * rng.uniform(1 - JITTER_FRACTION, 1 + JITTER_FRACTION)
+    if not math.isfinite(jittered):
+        return MAX_RETRY_AFTER_S
+    return min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, math.ceil(jittered)))
+
+
+def retry_after_s(policy: RetryAfterPolicy, queue_depth: int, estimator: DrainRateEstimator,
+                  occupancy: float, backoff_streak: int, static_s: float | None,
+                  rng: random.Random, now: float) -> int | None:
+    """The value for ``policy``; the rejection path's single entry point."""
+    if policy == "router_queue_drain_rate":
+        return compute_retry_after_s(queue_depth, estimator, occupancy, backoff_streak,
+                                     static_s, rng, now)
+    return static_retry_after_s(static_s)

@@ -1,0 +1,88 @@
+"""Keeps a process's view of routes and replica sets current, by long-polling the
+controller (routes) and the shards (replica sets). Used by proxies and handles; nothing
+here runs per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+import ray
+
+from controlplane.settings import Settings, shard_actor_name
+
+logger = logging.getLogger(__name__)
+
+ROUTES_KEY = "routes"
+RETRY_S = 0.5
+
+
+class RoutingSubscriber:
+    """Calls ``on_routes(routes_payload)`` and ``on_deployment(key, payload_or_None)``
+    whenever the controller or an owning shard publishes a change. It follows every
+    deployment of every shard: payloads are small and change only with membership."""
+
+    def __init__(self, settings: Settings, on_deployment: Callable[[str, Any], None],
+                 on_routes: Callable[[dict], None] = lambda r: None) -> None:
+        self._settings = settings
+        self._on_deployment = on_deployment
+        self._on_routes = on_routes
+        self._known: dict[int, dict[str, int]] = {}  # shard -> {deployment key: version}
+        self._num_shards = 0
+        self._tasks: list[asyncio.Task] = []
+        self._routes_ready = asyncio.Event()
+        self.routes: dict | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._follow_routes()))
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def wait_routes(self, timeout_s: float = 30.0) -> dict:
+        await asyncio.wait_for(self._routes_ready.wait(), timeout_s)
+        return self.routes
+
+    async def _follow_routes(self) -> None:
+        s = self._settings
+        version = 0
+        while True:
+            try:
+                controller = ray.get_actor(s.controller_name, namespace=s.namespace)
+                changes = await controller.listen_routes.remote({ROUTES_KEY: version})
+            except Exception as e:  # controller restarting: keep the last routes, retry
+                logger.info("routes long-poll failed (%r); retrying", e)
+                await asyncio.sleep(RETRY_S)
+                continue
+            if ROUTES_KEY in changes:
+                version, payload = changes[ROUTES_KEY]
+                self._apply_routes(payload)
+
+    def _apply_routes(self, payload: dict) -> None:
+        self.routes = payload
+        if payload["num_shards"] != self._num_shards and payload["num_shards"]:
+            self._num_shards = payload["num_shards"]
+            for i in range(self._num_shards):
+                self._known.setdefault(i, {})
+                self._tasks.append(asyncio.get_running_loop().create_task(self._follow_shard(i)))
+        self._on_routes(payload)
+        self._routes_ready.set()
+
+    async def _follow_shard(self, index: int) -> None:
+        s = self._settings
+        while True:
+            try:
+                shard = ray.get_actor(shard_actor_name(index), namespace=s.namespace)
+                known = dict(self._known[index])
+                changes = await shard.listen_routing.remote(known, True)
+            except Exception as e:
+                logger.info("shard %d long-poll failed (%r); retrying", index, e)
+                await asyncio.sleep(RETRY_S)
+                continue
+            for key, (version, payload) in changes.items():
+                self._known[index][key] = version
+                self._on_deployment(key, payload)
