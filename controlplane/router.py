@@ -7,10 +7,13 @@ controller or a shard per request: replica sets and limits arrive by push
 
 Invariants:
 
-- Never sends a request to a replica whose known load (our in-flight + others' cached
-  queue length) is at ``max_ongoing_requests``, nor to one outside the last pushed set
-  (stopping), nor to one a call found unreachable. A slot is *reserved* (counted in flight)
-  synchronously when it is chosen, so two requests never race for one slot.
+- Never sends a request to a replica outside the last pushed set (stopping) or one a call
+  found unreachable, nor to one whose known load (our in-flight + others' cached queue
+  length) is at ``max_ongoing_requests`` -- with one bounded exception, the starvation
+  guard (``_take_ticket``): at most one request per router waits at a replica, and only
+  while other routers hold all its slots. The replica's own semaphore caps execution
+  whatever routers do. A slot is *reserved* (counted in flight) synchronously when it is
+  chosen, so two requests of one router never race for one slot.
 - FIFO: while any request waits, new arrivals queue behind it; ``_dispatch`` serves only
   the head.
 - Capacity is never left idle for our own sake: when one of our requests ends, the head
@@ -325,4 +328,4 @@ class Router:
                                      unreachable=isinstance(e, ReplicaUnavailableError))
         else:
             self._cache.probe_answered(replica_id, int(queue_len), self._clock.monotonic())
-        self._dispatch()
+        self._dispatch(hint=replica_id)  # the head looks first where the news is

@@ -20,6 +20,9 @@ import ray
 import ray.cloudpickle as cloudpickle
 
 from controlplane.autoscaling import MetricReport
+from controlplane.handles import DeploymentHandle, HandleRuntime
+from controlplane.settings import Settings
+from controlplane.user_code import DeploymentRef
 from replicas.context import ReplicaContext, set_replica_context
 from replicas.http_adapter import HTTPRequestData, response_parts, to_starlette
 from replicas.user_callable import UserCallable
@@ -61,7 +64,7 @@ class Replica:
     async def initialize(self) -> dict:
         """Construct the user's code, apply user_config, run a fresh health check."""
         target, args, kwargs = cloudpickle.loads(self._init.serialized_def)
-        self._user = UserCallable(target, args, kwargs)
+        self._user = UserCallable(target, args, kwargs, resolve_arg=self._resolve_arg)
         await self._user.construct()
         if self._init.user_config is not None:
             await self._user.reconfigure(self._init.user_config)
@@ -69,6 +72,13 @@ class Replica:
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id(), "pid": os.getpid()}
+
+    def _resolve_arg(self, value: Any) -> Any:
+        """A bound deployment passed to the constructor becomes a handle to it."""
+        if isinstance(value, DeploymentRef):
+            HandleRuntime.install(Settings(namespace=self._init.namespace))
+            return DeploymentHandle(value.app, value.name)
+        return value
 
     async def check_health(self) -> None:
         await self._user.check_health()

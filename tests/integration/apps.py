@@ -41,3 +41,60 @@ serve_app = ServeModel.bind("serve:")
 
 def noop(*args, **kwargs) -> str:
     return "ok"
+
+
+# ---- HTTP apps ----------------------------------------------------------------------
+
+import asyncio  # noqa: E402
+
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import PlainTextResponse  # noqa: E402
+
+
+class HttpModel:
+    """Answers in the shape the path asks for."""
+
+    async def __call__(self, request: Request):
+        kind = request.query_params.get("kind", "text")
+        if kind == "json":
+            return {"path": request.url.path, "query": dict(request.query_params)}
+        if kind == "bytes":
+            return b"\x00\x01raw"
+        if kind == "response":
+            return PlainTextResponse("teapot", status_code=418)
+        if kind == "stream":
+            def chunks():
+                for i in range(5):
+                    yield f"chunk{i}\n"
+            return chunks()
+        if kind == "error":
+            raise ValueError("bad input from the user's code")
+        return f"hello from {request.url.path}"
+
+
+class Sleeper:
+    async def __call__(self, request: Request) -> str:
+        await asyncio.sleep(float(request.query_params.get("s", "0.5")))
+        return "done"
+
+
+@serve.deployment
+class Doubler:
+    def __call__(self, x: int) -> int:
+        return 2 * x
+
+    def triple(self, x: int) -> int:
+        return 3 * x
+
+
+@serve.deployment
+class Composer:
+    def __init__(self, doubler) -> None:
+        self.doubler = doubler
+
+    async def __call__(self, request: Request) -> dict:
+        x = int(request.query_params["x"])
+        return {"double": await self.doubler.remote(x), "triple": await self.doubler.triple.remote(x)}
+
+
+composed_app = Composer.bind(Doubler.bind())

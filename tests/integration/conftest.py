@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Callable
 
@@ -10,6 +11,17 @@ import ray
 
 from controlplane.client import Client, start_local_ray
 from controlplane.config import parse_deploy_config
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# One proxy port for the whole session (http_options cannot change on a running instance).
+HTTP_PORT = _free_port()
+BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +48,8 @@ def app(name: str, import_path: str = "tests.integration.apps:Model", *,
 
 
 def deploy(client: Client, *apps: dict, num_shards: int = 2) -> dict:
-    cfg = {"applications": list(apps), "controller_options": {"num_shards": num_shards}}
+    cfg = {"applications": list(apps), "controller_options": {"num_shards": num_shards},
+           "http_options": {"host": "127.0.0.1", "port": HTTP_PORT}}
     return client.deploy(parse_deploy_config(cfg))
 
 

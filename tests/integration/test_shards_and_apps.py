@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from controlplane.specs import DeploymentId, shard_of
-from tests.integration.conftest import (app, call, dep_status, deploy, settled, wait_actor_gone,
+from tests.integration.conftest import (HTTP_PORT, app, call, dep_status, deploy, settled, wait_actor_gone,
                                        wait_for)
 
 pytestmark = pytest.mark.integration
@@ -67,6 +67,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_deploy_and_status_against_running_instance(fleet, tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text(
+        f"http_options: {{host: 127.0.0.1, port: {HTTP_PORT}}}\n"
         "applications:\n  - name: cli\n    import_path: tests.integration.apps:Model\n"
         "    deployments:\n      - name: Model\n        num_replicas: 1\n"
         "        ray_actor_options: {num_cpus: 0}\n")

@@ -1,114 +1,21 @@
-"""Router against a fake transport, in virtual time (no Ray).
-
-``FakeTransport`` parks every send on a future the test resolves (``finish``/``fail``) and
-answers probes with the replica's load: our pending sends on it plus ``others[replica]``
-(the load other routers put there), or an outcome the test sets (an exception, or HOLD: no
-answer). Each test runs on ``VirtualTimeLoop``: time moves only when every task waits on a
-timer, so "no timed wait happened" is asserted as "the clock did not move".
-"""
+"""Router placement, backpressure and waiting, against FakeTransport in virtual time
+(no Ray). Replica-set changes and failures are in test_router_failures.py."""
 
 from __future__ import annotations
 
 import asyncio
 import pickle
 import random
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
 
 import pytest
 
-from controlplane.clock import FakeClock
-from controlplane.router import Router
 from controlplane.router_types import (
     BackpressureError,
-    ReplicaInfo,
     ReplicaUnavailableError,
     RouterClosedError,
     RoutingConfig,
 )
-from tests.unit.virtual_time import run_virtual
-
-HOLD = "hold"
-DEP = "app/model"
-
-
-@dataclass(frozen=True)
-class Sent:
-    replica_id: str
-    request: Any
-    at: float
-
-
-class FakeTransport:
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-        self.sent: list[Sent] = []
-        self.probed: list[str] = []
-        self.others: dict[str, int] = {}
-        self.probe_outcome: dict[str, Any] = {}
-        self._pending: dict[Any, tuple[str, asyncio.Future]] = {}
-
-    async def send(self, replica: ReplicaInfo, request: Any) -> Any:
-        future = asyncio.get_running_loop().create_future()
-        self._pending[request] = (replica.replica_id, future)
-        self.sent.append(Sent(replica.replica_id, request, self.clock.monotonic()))
-        try:
-            return await future
-        finally:
-            self._pending.pop(request, None)
-
-    async def probe_queue_len(self, replica: ReplicaInfo, deadline_s: float) -> int:
-        rid = replica.replica_id
-        self.probed.append(rid)
-        outcome = self.probe_outcome.get(rid)
-        if outcome == HOLD:
-            await asyncio.sleep(3600)
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return len(self.on(rid)) + self.others.get(rid, 0)
-
-    # ---- test controls ---------------------------------------------------------------
-    def on(self, replica_id: str) -> list[Any]:
-        return [req for req, (rid, _) in self._pending.items() if rid == replica_id]
-
-    def where(self, request: Any) -> str:
-        return next(s.replica_id for s in self.sent if s.request == request)
-
-    def finish(self, request: Any) -> None:
-        self._pending[request][1].set_result(f"done {request}")
-
-    def fail(self, request: Any, error: BaseException) -> None:
-        self._pending[request][1].set_exception(error)
-
-
-class Harness:
-    def __init__(self) -> None:
-        self.clock = FakeClock()
-        self.transport = FakeTransport(self.clock)
-        self.router: Router | None = None
-
-    def make(self, replicas: int = 1, max_ongoing: int = 1, max_queued: int = -1, seed: int = 0,
-             **backpressure: Any) -> Router:
-        config = RoutingConfig(DEP, max_ongoing, max_queued, **backpressure)
-        self.router = Router(config, self.transport, self.clock, random.Random(seed))
-        self.router.update_replicas(replica(i) for i in range(replicas))
-        return self.router
-
-    def run(self, main: Callable[[], Awaitable[Any]]) -> Any:
-        return run_virtual(self.clock, main)
-
-    def start(self, request: Any) -> asyncio.Task:
-        return asyncio.get_running_loop().create_task(self.router.assign(request))
-
-
-def replica(i: int) -> ReplicaInfo:
-    return ReplicaInfo(f"r{i}", f"fleetplane_replica::r{i}", "node-a")
-
-
-async def settle(rounds: int = 6) -> None:
-    """Let every ready task run (no time passes)."""
-    for _ in range(rounds):
-        await asyncio.sleep(0)
+from tests.unit.router_fakes import DEP, HOLD, Harness, Sent, settle
 
 
 @pytest.fixture
@@ -310,158 +217,42 @@ def test_cancelled_waiters_do_not_leak_slots_or_places(h: Harness) -> None:
     h.run(main)
 
 
-# -- replica set changes and failures ----------------------------------------------------------
-
-
-def test_stopping_replica_gets_no_new_requests(h: Harness) -> None:
-    router = h.make(replicas=2, max_ongoing=1)
+def test_backoff_reprobe_finds_a_slot_another_router_freed(h: Harness) -> None:
+    router = h.make(max_ongoing=1)
+    h.transport.others = {"r0": 1}  # another router holds r0's only slot
 
     async def main() -> None:
-        h.start("a"), h.start("b")
+        h.start("warm-up")  # placed before the first probe answered; then r0 reads full
         await settle()
-        on_r1 = h.transport.on("r1")[0]
-        h.start("c")
+        h.transport.finish("warm-up")
+        h.start("x")
         await settle()
-        router.update_replicas([replica(0)])  # r1 is stopping
-        h.transport.finish(on_r1)  # its request ends normally; its slot is not reused
-        await settle()
-        assert h.transport.sent[-1].request != "c"
-        h.transport.finish(h.transport.on("r0")[0])
-        await settle()
-        assert h.transport.where("c") == "r0"
-        assert router.statistics().in_flight_by_replica == {"r0": 1}
+        assert router.statistics().queued == 1
+        h.transport.others = {}  # the other router's request ends: we are not told
+        await asyncio.sleep(0.03)
+        assert h.transport.sent[-1].request == "x"
+        assert h.transport.sent[-1].at == pytest.approx(1000.025)  # first backoff: 25 ms
 
     h.run(main)
 
 
-def test_waiter_handed_a_replica_that_stops_before_it_wakes_goes_elsewhere(h: Harness) -> None:
-    router = h.make(replicas=2, max_ongoing=1)
+def test_starved_router_queues_one_request_at_the_replica_after_three_backoffs(
+        h: Harness) -> None:
+    router = h.make(max_ongoing=1)
+    h.transport.others = {"r0": 1}  # another router keeps r0 busy
 
     async def main() -> None:
-        h.start("a"), h.start("b")
+        h.start("warm-up")
         await settle()
-        h.start("c")
-        await settle()
-        first = h.transport.where("a")
-        other = "r1" if first == "r0" else "r0"
-        h.transport.finish("a")  # "c" is handed `first` ...
-        await asyncio.sleep(0)
-        router.update_replicas([replica(int(other[1]))])  # ... which stops before "c" sends
-        await settle()
-        assert h.transport.sent[-1].request == "b"
-        h.transport.finish("b")
-        await settle()
-        assert h.transport.where("c") == other
-
-    h.run(main)
-
-
-def test_replica_death_mid_request_fails_fast_and_is_not_retried(h: Harness) -> None:
-    router = h.make(replicas=2, max_ongoing=1)
-
-    async def main() -> None:
-        task = h.start("a")
-        await settle()
-        dead = h.transport.where("a")
-        alive = "r1" if dead == "r0" else "r0"
-        h.transport.probe_outcome[dead] = ReplicaUnavailableError(dead, "actor died")
-        h.transport.fail("a", ReplicaUnavailableError(dead, "ActorDiedError: the actor died"))
-        await settle()
-        assert task.done() and h.clock.monotonic() == 1000.0
-        error = task.exception()
-        assert isinstance(error, ReplicaUnavailableError) and error.status_code == 502
-        assert dead in str(error) and DEP in str(error) and "not retried" in str(error)
-        assert len(h.transport.sent) == 1
-        h.start("b"), h.start("c")  # both wait for `alive`, none goes to `dead`
-        await settle()
-        assert [s.replica_id for s in h.transport.sent[1:]] == [alive]
-        assert router.statistics().unreachable_replicas == 1
-
-    h.run(main)
-
-
-def test_an_unreachable_replica_returns_after_a_probe_answers(h: Harness) -> None:
-    router = h.make(replicas=2, max_ongoing=1)
-
-    async def main() -> None:
-        task = h.start("a")
-        await settle()
-        blip = h.transport.where("a")
-        h.transport.fail("a", ReplicaUnavailableError(blip, "ActorUnavailableError"))
-        await settle()  # the immediate re-probe answers: it was a blip
-        assert isinstance(task.exception(), ReplicaUnavailableError)
-        assert h.transport.probed[-1] == blip and h.clock.monotonic() == 1000.0
-        assert router.statistics().unreachable_replicas == 0
-        h.start("b"), h.start("c")
-        await settle()
-        assert sorted(s.replica_id for s in h.transport.sent[1:]) == ["r0", "r1"]
-
-    h.run(main)
-
-
-def test_user_errors_pass_through_and_free_the_slot(h: Harness) -> None:
-    router = h.make()
-
-    async def main() -> None:
-        task = h.start("a")
-        await settle()
-        h.transport.fail("a", ValueError("user bug"))
-        await settle()
-        assert isinstance(task.exception(), ValueError)
+        h.transport.finish("warm-up")
+        h.start("x"), h.start("y")
+        await asyncio.sleep(1.0)
+        # Backoffs at +25, +75 and +175 ms (25 doubling to the 100 ms cap); the third
+        # sends the head request to wait in the replica's own FIFO queue.
+        assert [s.request for s in h.transport.sent] == ["warm-up", "x"]
+        assert h.transport.sent[-1].at == pytest.approx(1000.175)
         stats = router.statistics()
-        assert (stats.in_flight, stats.unreachable_replicas) == (0, 0)
-
-    h.run(main)
-
-
-def test_close_fails_waiters_and_new_requests(h: Harness) -> None:
-    router = h.make()
-
-    async def main() -> None:
-        h.start("a")
-        waiter = h.start("b")
-        await settle()
-        router.apply_routing_update(None)  # the deployment was deleted
-        await settle()
-        assert isinstance(waiter.exception(), RouterClosedError)
-        with pytest.raises(RouterClosedError, match="deleted"):
-            await router.assign("c")
-        h.transport.finish("a")  # requests already running finish normally
-        await settle()
-        assert router.statistics().in_flight == 0
-
-    h.run(main)
-
-
-def test_apply_routing_update_takes_the_shard_payload(h: Harness) -> None:
-    router = h.make(replicas=0)
-    payload = {"replicas": [{"replica_id": "r7", "actor_name": "x", "node_id": "n"}],
-               "max_ongoing_requests": 1, "max_queued_requests": 0,
-               "backpressure_config": {"status_code": 429, "retry_after_s": 4,
-                                       "retry_after_policy": "static"}}
-
-    async def main() -> None:
-        router.apply_routing_update(payload)
-        h.start("a")
-        await settle()
-        assert h.transport.where("a") == "r7"
-        with pytest.raises(BackpressureError) as caught:
-            await router.assign("b")
-        assert (caught.value.status_code, caught.value.retry_after_s) == (429, 4)
-
-    h.run(main)
-
-
-def test_waiters_with_no_replicas_are_served_when_replicas_arrive(h: Harness) -> None:
-    router = h.make(replicas=0)
-
-    async def main() -> None:
-        h.start("a")
-        await asyncio.sleep(1.0)  # scale from zero: the backoff timer idles, nothing fails
-        assert h.transport.sent == []
-        router.update_replicas([replica(0)])
-        await settle()
-        assert h.transport.sent == [Sent("r0", "a", 1001.0)]
+        assert (stats.tickets_total, stats.queued) == (1, 1)  # one ticket per replica
 
     h.run(main)
 

@@ -1,0 +1,109 @@
+"""The data plane over real HTTP: routing, response kinds, composition, backpressure,
+a replica dying mid-request, the proxy's own endpoints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import ray
+import requests
+
+from tests.integration.conftest import BASE_URL, app, dep_status, deploy, settled, wait_for
+
+pytestmark = pytest.mark.integration
+APPS = "tests.integration.apps"
+
+
+def get(path: str, **kwargs) -> requests.Response:
+    return requests.get(BASE_URL + path, timeout=30, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def http_apps(fleet):
+    deploy(fleet,
+           app("web", f"{APPS}:HttpModel", deployments=[{"name": "HttpModel", "num_replicas": 2}]),
+           app("serveweb", f"{APPS}:composed_app",
+               deployments=[{"name": "Composer"}, {"name": "Doubler"}]),
+           app("slow", f"{APPS}:Sleeper", deployments=[{
+               "name": "Sleeper", "max_ongoing_requests": 1, "max_queued_requests": 1,
+               "backpressure_config": {"status_code": 429, "retry_after_s": 1.5}}]),
+           app("slow503", f"{APPS}:Sleeper", deployments=[{
+               "name": "Sleeper", "max_ongoing_requests": 1, "max_queued_requests": 0}]))
+    wait_for(fleet, lambda s: settled("web", 2, "HttpModel")(s) and settled("serveweb", 1, "Composer")(s)
+             and settled("serveweb", 1, "Doubler")(s) and settled("slow", 1, "Sleeper")(s)
+             and settled("slow503", 1, "Sleeper")(s), what="http apps")
+    wait_for(fleet, lambda s: get("/-/routes").json().get("/web") == "web/HttpModel",
+             what="proxy routes")
+    return fleet
+
+
+def test_routing_json_bytes_text_response_and_404(http_apps):
+    assert get("/web/a/b?kind=json").json() == {"path": "/web/a/b", "query": {"kind": "json"}}
+    assert get("/web?kind=bytes").content == b"\x00\x01raw"
+    teapot = get("/web?kind=response")
+    assert (teapot.status_code, teapot.text) == (418, "teapot")
+    assert get("/web/x").text == "hello from /web/x"
+    missing = get("/webby")  # a prefix matches at segment boundaries only
+    assert missing.status_code == 404
+
+
+def test_streaming_response_arrives_in_chunks(http_apps):
+    with requests.get(BASE_URL + "/web?kind=stream", stream=True, timeout=30) as r:
+        chunks = [c for c in r.iter_content(chunk_size=None) if c]
+    assert b"".join(chunks) == b"".join(f"chunk{i}\n".encode() for i in range(5))
+    assert len(chunks) >= 2
+
+
+def test_user_exception_is_a_500_with_its_message(http_apps):
+    r = get("/web?kind=error")
+    assert r.status_code == 500
+    assert "bad input from the user's code" in r.text
+
+
+def test_serve_bind_app_with_handle_composition(http_apps):
+    assert get("/serveweb?x=7").json() == {"double": 14, "triple": 21}
+
+
+@pytest.mark.parametrize("route,code,retry_after", [("/slow", 429, "2"), ("/slow503", 503, None)])
+def test_overload_rejects_with_retry_after_and_serves_admitted(http_apps, route, code,
+                                                               retry_after):
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda _: get(f"{route}?s=1.0"), range(8)))
+    codes = sorted(r.status_code for r in responses)
+    assert codes.count(200) >= 1 and codes.count(code) >= 4
+    assert set(codes) <= {200, code}
+    for r in responses:
+        if r.status_code == code:
+            assert r.headers.get("Retry-After") == retry_after
+    assert all(r.text == "done" for r in responses if r.status_code == 200)
+
+
+def test_replica_killed_mid_request_fails_fast_with_5xx(http_apps, fleet):
+    replica = dep_status(fleet.status(), "slow503", "Sleeper")["replicas"][0]
+    pid = ray.get(ray.get_actor(replica["actor_name"], namespace="fleetplane")
+                  .get_state.remote())["pid"]
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(r=get("/slow503?s=20")))
+    worker.start()
+    wait_for(fleet, lambda s: ray.get(ray.get_actor(replica["actor_name"], namespace="fleetplane")
+                                      .get_state.remote())["ongoing_requests"] == 1,
+             what="request in flight")
+    os.kill(pid, signal.SIGKILL)
+    worker.join(timeout=15)
+    assert not worker.is_alive(), "the request hung after its replica died"
+    assert result["r"].status_code == 502
+    assert "became unavailable" in result["r"].text
+    wait_for(fleet, settled("slow503", 1, "Sleeper"), what="replacement")
+
+
+def test_healthz_and_metrics(http_apps):
+    assert get("/-/healthz").text == "success"
+    get("/web")
+    metrics = get("/metrics").text
+    assert 'fleetplane_http_requests_total{deployment="web/HttpModel"' in metrics
+    assert "fleetplane_http_request_latency_seconds_bucket" in metrics
