@@ -1,0 +1,200 @@
+"""One deployment's push-based health, as the shard's tick drives it. No Ray, no I/O.
+
+Owns: the ``GateState`` of each watched replica, the deadline queue of replica visits,
+and the wiring of the push registry, the stall guard and the pure rules of
+``health_gate``. The deployment shell feeds it pushes and probe results and carries out
+the actions it returns (``ProbeReplica``, ``ApplyHealth``, ``ReplicaCrashed``).
+
+Invariants:
+
+- O(changes) per tick: a tick touches only replicas whose push arrived since the last
+  tick (the registry's dirty set) and replicas whose visit is due (the deadline queue),
+  plus, once per early-ended stall episode, the holds it retracts. A steady deployment
+  whose pushes are fresh costs one visit per replica per 1.5 health periods, lazily
+  re-armed: arrivals never touch the queue.
+- Every watched replica has exactly one of: a pending visit, or a probe in flight (whose
+  resolution schedules the next visit). At most one probe per replica is in flight.
+- The stall guard hears only replicas that have a registry entry and whose push is stale.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from controlplane.health_gate import (Apply, Defer, GateState, ProbeOutcome, StartProbe,
+                                      UsePush, Wait, consume_push, decide, push_is_stale,
+                                      resolve_probe, stale_after_s, start_probe)
+from controlplane.health_stats import HealthTotals
+from controlplane.push_registry import HealthPushRegistry, PushedHealth
+from controlplane.stall_guard import STOCK_HEALTH_CHECK_PERIOD_S, StallGuard
+
+
+@dataclass(frozen=True)
+class ProbeReplica:
+    """Start a pull probe; report its outcome through ``probe_resolved`` exactly once."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class ApplyHealth:
+    """A health observation was acted on. The shell replaces the replica when
+    ``failures`` reaches its unhealthy threshold and adds ``failures_counted`` to the
+    health-check-failures counter."""
+
+    replica_id: str
+    healthy: bool
+    failures: int
+    failures_counted: int
+    source: str  # "push" or "probe"
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicaCrashed:
+    replica_id: str
+    message: str
+
+
+HealthAction = ProbeReplica | ApplyHealth | ReplicaCrashed
+
+
+class DeadlineQueue:
+    """At most one pending deadline per key; ``schedule`` replaces it. Lazy deletion:
+    superseded heap items are skipped when they surface."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, str]] = []
+        self._due_at: dict[str, float] = {}
+
+    def schedule(self, key: str, at: float) -> None:
+        self._due_at[key] = at
+        heapq.heappush(self._heap, (at, key))
+
+    def cancel(self, key: str) -> None:
+        self._due_at.pop(key, None)
+
+    def due_at(self, key: str) -> float | None:
+        return self._due_at.get(key)
+
+    def pop_due(self, now: float) -> list[str]:
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            at, key = heapq.heappop(self._heap)
+            if self._due_at.get(key) == at:
+                del self._due_at[key]
+                due.append(key)
+        return due
+
+
+class DeploymentHealth:
+    """Push-first health of one deployment's serving replicas."""
+
+    def __init__(self, period_s: float | None, totals: HealthTotals | None = None, *,
+                 registry: HealthPushRegistry | None = None,
+                 guard: StallGuard | None = None) -> None:
+        self._totals = totals if totals is not None else HealthTotals()
+        self.registry = registry if registry is not None else HealthPushRegistry(self._totals)
+        self.guard = guard if guard is not None else StallGuard(period_s, self._totals)
+        self._period_s = STOCK_HEALTH_CHECK_PERIOD_S
+        self.set_period(period_s)
+        self._states: dict[str, GateState] = {}
+        self._due = DeadlineQueue()
+
+    def set_period(self, period_s: float | None) -> None:
+        """The deployment's health_check_period_s; None when unknown (stock period)."""
+        self._period_s = STOCK_HEALTH_CHECK_PERIOD_S if period_s is None else period_s
+        self.guard.set_window(period_s)
+        self.registry.set_retention(4 * stale_after_s(period_s))
+
+    # ---- inputs ------------------------------------------------------------------------
+    def record_push(self, replica_id: str, health: PushedHealth, received_at: float,
+                    via_heartbeat: bool = False) -> None:
+        """A push arrived (on a metric report or a heartbeat); the next tick acts on it."""
+        self.registry.record(replica_id, health, received_at, via_heartbeat)
+
+    def watch(self, replica_id: str, now: float) -> None:
+        """Start watching a replica that became serving: first visit one period out (the
+        pull schedule), and a push that arrived before now is acted on next tick."""
+        if replica_id in self._states:
+            return
+        self._states[replica_id] = GateState()
+        self._due.schedule(replica_id, now + self._period_s)
+        self.registry.mark_dirty(replica_id)
+
+    def forget(self, replica_id: str) -> None:
+        """Stop watching (the replica left the serving states); idempotent."""
+        self._states.pop(replica_id, None)
+        self._due.cancel(replica_id)
+        self.registry.forget(replica_id)
+        self.guard.forget(replica_id)
+
+    # ---- the tick -------------------------------------------------------------------------
+    def tick(self, now: float) -> list[HealthAction]:
+        actions: list[HealthAction] = []
+        for replica_id in self.guard.advance(now, self.registry.tracked):
+            if replica_id in self._states:
+                self._due.schedule(replica_id, now)  # hold retracted: revisit now
+        for replica_id in self.registry.take_dirty():
+            if replica_id in self._states:
+                self._consume(replica_id, actions)
+        for replica_id in self._due.pop_due(now):
+            if replica_id in self._states:
+                self._visit(replica_id, now, actions)
+        return actions
+
+    def _consume(self, replica_id: str, actions: list[HealthAction]) -> None:
+        state, verdict = consume_push(self._states[replica_id], self.registry.get(replica_id))
+        self._states[replica_id] = state
+        if isinstance(verdict, UsePush):
+            actions.append(ApplyHealth(replica_id, verdict.healthy, verdict.failures,
+                                       verdict.failures_counted, "push"))
+
+    def _visit(self, replica_id: str, now: float, actions: list[HealthAction]) -> None:
+        state = self._states[replica_id]
+        entry = self.registry.get(replica_id)
+        hold_until = 0.0
+        if entry is not None and state.probe_started_at is None and push_is_stale(
+                state, now, self._period_s):
+            hold_until = self.guard.on_stale(replica_id, now, self.registry.tracked)
+        action = decide(state, entry, hold_until, now, self._period_s)
+        if isinstance(action, StartProbe):
+            self._states[replica_id] = start_probe(state, now)
+            self._totals.pull_probes_total += 1
+            actions.append(ProbeReplica(replica_id))
+        elif isinstance(action, Defer) or (isinstance(action, Wait) and action.until is not None):
+            self._due.schedule(replica_id, action.until)
+
+    def probe_resolved(self, replica_id: str, outcome: ProbeOutcome,
+                       now: float) -> list[HealthAction]:
+        """A probe this object asked for finished; its result is acted on or dropped."""
+        state = self._states.get(replica_id)
+        if state is None or state.probe_started_at is None:
+            return []  # forgotten meanwhile
+        entry = self.registry.get(replica_id)
+        state, verdict = resolve_probe(state, outcome, entry.received_at if entry else None, now)
+        self._states[replica_id] = state
+        if not isinstance(verdict, Apply):
+            self._due.schedule(replica_id, now)  # the newer push decides; next tick sees it
+            return []
+        self._due.schedule(replica_id, now + self._period_s)  # the pull cadence
+        if verdict.crashed:
+            return [ReplicaCrashed(replica_id, verdict.message)]
+        return [ApplyHealth(replica_id, verdict.healthy, verdict.failures,
+                            verdict.failures_counted, "probe", verdict.message)]
+
+    # ---- reads -----------------------------------------------------------------------------
+    def failures(self, replica_id: str) -> int:
+        state = self._states.get(replica_id)
+        return state.failures if state is not None else 0
+
+    def state(self, replica_id: str) -> GateState | None:
+        return self._states.get(replica_id)
+
+    def next_visit_at(self, replica_id: str) -> float | None:
+        return self._due.due_at(replica_id)
+
+    @property
+    def watched(self) -> int:
+        return len(self._states)

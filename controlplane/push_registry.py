@@ -1,0 +1,152 @@
+"""The controller's record of the health replicas push, one registry per deployment.
+
+Owns:
+
+- ``PushedHealth``: the three health fields a replica pushes, on its metric report or on a
+  heartbeat (the wire shape, shared with ``replicas.health_pusher``).
+- ``PushEntry``: the newest push of one replica and when it arrived.
+- ``HealthPushRegistry``: newest entry per replica, the dirty set of replicas whose
+  newest entry the reconcile tick has not consumed yet, and rate-limited pruning.
+
+Invariants:
+
+- Newest wins by ``checked_at`` (the replica's own monotonic clock, so comparable only
+  between entries of the same replica): an out-of-order or repeated arrival never replaces
+  a newer entry, never marks the replica dirty and never moves ``received_at`` (seed 000:
+  "out-of-order arrivals resolved by checked_at").
+- ``received_at`` is the shard's monotonic time of the arrival that brought the entry;
+  the probe gate anchors freshness on it, never on when a tick consumed the entry.
+- Ingest is O(1) per push. Pruning walks the entries at most once per
+  ``PRUNE_INTERVAL_S`` (seed 000 review fix: the over-threshold prune re-ran an O(N)
+  rebuild on every record() once all entries were fresh).
+- A replica is in the dirty set iff its newest entry arrived after the last
+  ``take_dirty``; ``forget`` and pruning remove it from both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from controlplane.health_stats import HealthTotals
+
+# Seed 000 review fix: "Registry pruning is rate-limited to once per 30s".
+PRUNE_INTERVAL_S = 30.0
+# An entry not refreshed for this long belongs to a replica the shard forgot to
+# ``forget``. Well past the 120 s stall-episode cap, so a lagging controller does not
+# prune the very entries the stall guard counts as tracked; the owner raises it to a few
+# health periods when the period is long.
+DEFAULT_RETENTION_S = 300.0
+
+
+@dataclass(frozen=True)
+class PushedHealth:
+    """A replica's self-health result as pushed to its shard."""
+
+    healthy: bool
+    checked_at: float  # replica's monotonic clock when the check completed
+    consecutive_failures: int  # advances at most once per health period (replica side)
+
+    def __post_init__(self) -> None:
+        if self.consecutive_failures < 0:
+            raise ValueError(f"consecutive_failures must be >= 0, got {self!r}")
+        if not self.healthy and self.consecutive_failures == 0:
+            raise ValueError(f"an unhealthy result has consecutive_failures >= 1: {self!r}")
+
+    def as_fields(self) -> dict:
+        """The fields as a plain dict, for ``MetricReport.extras``."""
+        return asdict(self)
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, object]) -> PushedHealth | None:
+        """Read back ``as_fields``; None when the sender attached no health."""
+        if "checked_at" not in fields:
+            return None
+        return cls(healthy=bool(fields["healthy"]), checked_at=float(fields["checked_at"]),
+                   consecutive_failures=int(fields["consecutive_failures"]))
+
+
+@dataclass(frozen=True)
+class PushEntry:
+    health: PushedHealth
+    received_at: float  # shard monotonic time of the arrival that brought this entry
+
+
+@dataclass(frozen=True)
+class RegistryStatistics:
+    """One deployment's registry; the shard-wide counters live in ``HealthTotals``."""
+
+    tracked: int  # replicas with an entry
+    dirty: int  # entries not consumed by a tick yet
+    prune_passes: int  # O(N) walks so far: at most one per PRUNE_INTERVAL_S
+
+
+class HealthPushRegistry:
+    """Newest pushed health per replica of one deployment."""
+
+    def __init__(self, totals: HealthTotals | None = None,
+                 retention_s: float = DEFAULT_RETENTION_S) -> None:
+        if retention_s <= 0:
+            raise ValueError(f"retention_s must be > 0, got {retention_s}")
+        self._totals = totals if totals is not None else HealthTotals()
+        self._retention_s = retention_s
+        self._entries: dict[str, PushEntry] = {}
+        self._dirty: dict[str, None] = {}  # insertion-ordered set
+        self._last_prune_at: float | None = None
+        self._prune_passes = 0
+
+    @property
+    def tracked(self) -> int:
+        """Replicas with an entry: the stall guard's denominator."""
+        return len(self._entries)
+
+    def statistics(self) -> RegistryStatistics:
+        return RegistryStatistics(len(self._entries), len(self._dirty), self._prune_passes)
+
+    def set_retention(self, retention_s: float) -> None:
+        self._retention_s = max(retention_s, DEFAULT_RETENTION_S)
+
+    def record(self, replica_id: str, health: PushedHealth, received_at: float,
+               via_heartbeat: bool = False) -> bool:
+        """Take one push; True when it became the replica's newest entry."""
+        self._totals.pushes_total += 1
+        if via_heartbeat:
+            self._totals.heartbeats_total += 1
+        self._maybe_prune(received_at)
+        old = self._entries.get(replica_id)
+        if old is not None and health.checked_at <= old.health.checked_at:
+            return False  # out of order, or the same result carried twice
+        if old is not None:
+            # Arrival-to-arrival of fresh results: what the 1.5x freshness window is
+            # measured against, and it widens with controller ingest lag.
+            self._totals.intervals.record(max(0.0, received_at - old.received_at), received_at)
+        self._entries[replica_id] = PushEntry(health, received_at)
+        self._dirty[replica_id] = None
+        return True
+
+    def get(self, replica_id: str) -> PushEntry | None:
+        return self._entries.get(replica_id)
+
+    def take_dirty(self) -> list[str]:
+        """Replicas whose newest entry arrived since the last call, in arrival order."""
+        dirty, self._dirty = list(self._dirty), {}
+        return dirty
+
+    def mark_dirty(self, replica_id: str) -> None:
+        """Offer an existing entry to the next tick again (a replica just started to be
+        watched); no-op without an entry."""
+        if replica_id in self._entries:
+            self._dirty[replica_id] = None
+
+    def forget(self, replica_id: str) -> None:
+        self._entries.pop(replica_id, None)
+        self._dirty.pop(replica_id, None)
+
+    def _maybe_prune(self, now: float) -> None:
+        if self._last_prune_at is not None and now - self._last_prune_at < PRUNE_INTERVAL_S:
+            return
+        self._last_prune_at = now
+        self._prune_passes += 1
+        horizon = now - self._retention_s
+        for replica_id in [r for r, e in self._entries.items() if e.received_at < horizon]:
+            self.forget(replica_id)
