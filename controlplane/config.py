@@ -99,6 +99,10 @@ class BackpressureConfig(BaseModel):
     retry_after_s: PosFloat | None = Field(
         None, description="Retry-After hint in seconds (rounded up when sent); None sends none."
     )
+    retry_after_policy: Literal["static", "router_queue_drain_rate"] = Field(
+        "static", description="How Retry-After is chosen: the static retry_after_s, or computed "
+        "from the rejecting router's queue depth and drain rate (seed 002), falling back to "
+        "retry_after_s and then to no header.")
 
 
 class AutoscalingConfig(BaseModel):

@@ -18,7 +18,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from controlplane.clock import Clock
 from controlplane.router import Router
 from controlplane.router_types import (BackpressureError, ReplicaInfo, ReplicaUnavailableError,
-                                       RouterClosedError, RoutingConfig)
+                                       RouterClosedError, RouterSettings, RoutingConfig)
 
 _GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
 
@@ -71,9 +71,19 @@ def user_error_text(error: RayTaskError) -> str:
     return f"{type(cause).__name__}: {cause}" if cause is not None else _first_line(error)
 
 
+class StreamAborted(Exception):
+    """A response failed after its head was sent; the proxy aborts the connection."""
+
+    def __init__(self, replica_id: str, reason: str) -> None:
+        super().__init__(replica_id, reason)
+        self.replica_id, self.reason = replica_id, reason
+
+
 class RouterSet:
-    def __init__(self, namespace: str, clock: Clock, rng: random.Random | None = None) -> None:
+    def __init__(self, namespace: str, clock: Clock, rng: random.Random | None = None,
+                 settings: RouterSettings = RouterSettings()) -> None:
         self.transport = RayTransport(namespace)
+        self._settings = settings
         self._clock = clock
         self._rng = rng or random.Random()
         self._routers: dict[str, Router] = {}
@@ -87,7 +97,8 @@ class RouterSet:
             return
         if router is None:
             config = RoutingConfig.from_routing_update(key, payload)
-            router = self._routers[key] = Router(config, self.transport, self._clock, self._rng)
+            router = self._routers[key] = Router(config, self.transport, self._clock, self._rng,
+                                                 self._settings)
         router.apply_routing_update(payload)
 
     def get(self, key: str) -> Router | None:
@@ -106,28 +117,27 @@ class RouterSet:
         except RayTaskError as e:
             raise (e.cause if isinstance(e.cause, Exception) else e) from None
 
-    async def serve_http(self, key: str, data: Any, send: Any) -> tuple[int, bool]:
-        """Answer one HTTP request through the deployment's router.
-        Returns (status code sent, whether it was a backpressure rejection)."""
+    async def serve_http(self, key: str, data: Any,
+                         send: Any) -> tuple[int, BackpressureError | None]:
+        """Answer one HTTP request through the deployment's router. Returns the status
+        sent and, for a backpressure rejection, the rejection (for metrics). Raises
+        StreamAborted when the replica failed after the response head went out."""
         router = self._routers.get(key)
         if router is None:
             await _plain(send, 503, f"deployment {key} has no running replicas yet")
-            return 503, False
-        started = [False]
+            return 503, None
         try:
             async with router.slot() as replica:
-                return await self._stream(replica, data, send, started), False
+                return await self._stream(replica, data, send), None
         except BackpressureError as e:
             headers = [(k.lower().encode(), v.encode()) for k, v in e.headers().items()]
             await _plain(send, e.status_code, str(e), headers)
-            return e.status_code, True
+            return e.status_code, e
         except (ReplicaUnavailableError, RouterClosedError) as e:
-            if not started[0]:
-                await _plain(send, e.status_code, str(e))
-            return e.status_code, False
+            await _plain(send, e.status_code, str(e))  # only raised before the head
+            return e.status_code, None
 
-    async def _stream(self, replica: ReplicaInfo, data: Any, send: Any,
-                      started: list[bool]) -> int:
+    async def _stream(self, replica: ReplicaInfo, data: Any, send: Any) -> int:
         gen = self.transport.handle(replica).handle_http.options(
             num_returns="streaming").remote(data)
         try:
@@ -140,14 +150,15 @@ class RouterSet:
             return 500
         await send({"type": "http.response.start", "status": head["status"],
                     "headers": head["headers"]})
-        started[0] = True
         try:
             async for ref in gen:
                 await send({"type": "http.response.body", "body": await ref, "more_body": True})
-        except _GONE as e:
-            raise ReplicaUnavailableError(replica.replica_id, _first_line(e)) from None
-        except RayTaskError:
-            pass  # the head is out: all we can do is end the body
+        except (RayTaskError, *_GONE) as e:
+            # The head is out, so the status cannot change. Ending the body normally would
+            # pass a truncated response off as complete: abort the connection instead.
+            if isinstance(e, _GONE):
+                self.transport.forget(replica)
+            raise StreamAborted(replica.replica_id, _first_line(e)) from None
         await send({"type": "http.response.body", "body": b""})
         return head["status"]
 

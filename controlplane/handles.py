@@ -28,7 +28,7 @@ class HandleRuntime:
 
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.routers = RouterSet(settings.namespace, SystemClock())
+        self.routers = RouterSet(settings.namespace, SystemClock(), settings=settings.router)
         self._known: dict[str, asyncio.Event] = {}
         self._subscriber = RoutingSubscriber(settings, self._on_update)
         self._subscriber.start()

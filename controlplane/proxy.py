@@ -22,7 +22,7 @@ from typing import Any
 import uvicorn
 
 from controlplane.clock import SystemClock
-from controlplane.dataplane import RouterSet
+from controlplane.dataplane import RouterSet, StreamAborted
 from controlplane.proxy_metrics import ProxyMetrics
 from controlplane.route_table import RouteTable
 from controlplane.routing_client import RoutingSubscriber
@@ -89,10 +89,16 @@ class ProxyApp:
             method=scope["method"], path=scope["path"], query_string=scope["query_string"],
             headers=list(scope["headers"]), body=await _read_body(receive),
             route_prefix=prefix, client=tuple(scope["client"]) if scope.get("client") else None)
-        status, rejected = await self.routers.serve_http(dep_key, data, send)
+        try:
+            status, rejected = await self.routers.serve_http(dep_key, data, send)
+        except StreamAborted as e:
+            logger.warning("response from replica %s aborted mid-stream: %s", e.replica_id,
+                           e.reason)
+            self.metrics.observe(dep_key, prefix, 502, time.perf_counter() - started)
+            raise  # uvicorn drops the connection: the client sees the failure
         self.metrics.observe(dep_key, prefix, status, time.perf_counter() - started)
-        if rejected:
-            self.metrics.rejections.labels(dep_key, str(status)).inc()
+        if rejected is not None:
+            self.metrics.reject(dep_key, status, rejected.retry_after_s)
 
 
 class Proxy:
@@ -101,7 +107,8 @@ class Proxy:
     def __init__(self, settings: dict, http_options: dict) -> None:
         self._settings = Settings.from_dict(settings)
         self._http = http_options
-        self._routers = RouterSet(self._settings.namespace, SystemClock())
+        self._routers = RouterSet(self._settings.namespace, SystemClock(),
+                                  settings=self._settings.router)
         self._app = ProxyApp(self._routers, ProxyMetrics())
         self._server: uvicorn.Server | None = None
         self._subscriber: RoutingSubscriber | None = None

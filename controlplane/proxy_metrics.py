@@ -20,6 +20,16 @@ class ProxyMetrics:
                                   "Requests rejected by backpressure",
                                   ["deployment", "status_code"], registry=self.registry)
 
+        self.retry_after = Histogram("fleetplane_backpressure_retry_after_seconds",
+                                     "Retry-After suggested on rejections (seed 002: to compare "
+                                     "with observed drain times)", ["deployment"],
+                                     registry=self.registry, buckets=(1, 2, 3, 5, 8, 13, 21, 34, 60))
+
+    def reject(self, deployment: str, status: int, retry_after_s: int | None) -> None:
+        self.rejections.labels(deployment, str(status)).inc()
+        if retry_after_s is not None:
+            self.retry_after.labels(deployment).observe(retry_after_s)
+
     def observe(self, deployment: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(deployment, route, str(status)).inc()
         self.latency.labels(deployment, route).observe(seconds)

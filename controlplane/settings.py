@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from controlplane.router_types import RouterSettings
+
 
 @dataclass(frozen=True)
 class ShardSettings:
@@ -34,6 +36,7 @@ class Settings:
     checkpoint_key: str = "fleetplane/controller/checkpoint"
     shard: ShardSettings = field(default_factory=ShardSettings)
     replica: ReplicaSettings = field(default_factory=ReplicaSettings)
+    router: RouterSettings = field(default_factory=RouterSettings)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -42,7 +45,8 @@ class Settings:
     def from_dict(cls, data: dict) -> "Settings":
         return cls(namespace=data["namespace"], controller_name=data["controller_name"],
                    checkpoint_key=data["checkpoint_key"],
-                   shard=ShardSettings(**data["shard"]), replica=ReplicaSettings(**data["replica"]))
+                   shard=ShardSettings(**data["shard"]), replica=ReplicaSettings(**data["replica"]),
+                   router=RouterSettings(**data.get("router", {})))
 
 
 def shard_actor_name(index: int) -> str:

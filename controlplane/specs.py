@@ -24,7 +24,8 @@ DEPLOYMENT_DEFAULTS: Mapping[str, Any] = {
     "health_check_period_s": 10.0,
     "health_check_timeout_s": 30.0,
     "graceful_shutdown_timeout_s": 20.0,
-    "backpressure_config": {"status_code": 503, "retry_after_s": None},
+    "backpressure_config": {"status_code": 503, "retry_after_s": None,
+                            "retry_after_policy": "static"},
     "ray_actor_options": {"num_cpus": 1.0},
 }
 

@@ -63,7 +63,8 @@ def test_plain_class_is_one_ingress_deployment_with_builtin_defaults():
     assert spec.user_config is None and spec.autoscaling_config is None
     assert (spec.health_check_period_s, spec.health_check_timeout_s,
             spec.graceful_shutdown_timeout_s) == (10.0, 30.0, 20.0)
-    assert spec.backpressure_config == {"status_code": 503, "retry_after_s": None}
+    assert spec.backpressure_config == {"status_code": 503, "retry_after_s": None,
+                                     "retry_after_policy": "static"}
     assert spec.ray_actor_options == {"num_cpus": 1}
 
 
@@ -84,7 +85,8 @@ def test_config_overrides_builtin_defaults_for_a_plain_class():
     assert spec.user_config == {"k": 1}
     assert spec.health_check_period_s == 2.5
     assert spec.health_check_timeout_s == 30.0  # unset in config: the default stays
-    assert spec.backpressure_config == {"status_code": 429, "retry_after_s": None}
+    assert spec.backpressure_config == {"status_code": 429, "retry_after_s": None,
+                                     "retry_after_policy": "static"}
     # Unset actor options (None, {}) are dropped so Ray's own defaults apply.
     assert spec.ray_actor_options == {"num_gpus": 1.0}
 
