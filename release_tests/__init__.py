@@ -1,0 +1,1 @@
+"""Measurements: each prints a table, the machine it ran on, and writes Parquet."""

@@ -1,0 +1,18 @@
+"""The no-op deployment both proxies are measured with."""
+
+from ray import serve
+from starlette.requests import Request
+
+
+class Noop:
+    async def __call__(self, request: Request) -> str:
+        return "ok"
+
+
+@serve.deployment(max_ongoing_requests=32, ray_actor_options={"num_cpus": 0})
+class ServeNoop:
+    async def __call__(self, request: Request) -> str:
+        return "ok"
+
+
+serve_app = ServeNoop.bind()
