@@ -138,9 +138,17 @@ class RouterSet:
             return e.status_code, None
 
     async def _stream(self, replica: ReplicaInfo, data: Any, send: Any) -> int:
-        gen = self.transport.handle(replica).handle_http.options(
-            num_returns="streaming").remote(data)
+        """One round trip for a plain response; a second call streams a generator's."""
+        handle = self.transport.handle(replica)
         try:
+            reply = await handle.handle_http.remote(data)
+            if reply[0] == "full":
+                _, head, body = reply
+                await send({"type": "http.response.start", "status": head["status"],
+                            "headers": head["headers"]})
+                await send({"type": "http.response.body", "body": body})
+                return head["status"]
+            gen = handle.stream_http.options(num_returns="streaming").remote(reply[1])
             head = await (await gen.__anext__())
         except _GONE as e:
             self.transport.forget(replica)

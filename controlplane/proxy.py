@@ -117,7 +117,12 @@ class Proxy:
         if self._server is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self._http["host"], self._http["port"]))  # OSError: port in use
+            try:
+                sock.bind((self._http["host"], self._http["port"]))
+            except OSError as e:
+                sock.close()
+                raise RuntimeError(f"cannot listen on {self._http['host']}:{self._http['port']}: "
+                                   f"{e.strerror}; free the port or set http_options.port") from None
             config = uvicorn.Config(self._app, log_level="warning", lifespan="off",
                                     access_log=False, timeout_keep_alive=30)
             self._server = uvicorn.Server(config)

@@ -55,8 +55,8 @@ class ProxyFleet:
             for proxy in created.values():
                 ray.kill(proxy, no_restart=True)
             node, error = failed[0]
-            raise DeployRejected(f"the HTTP proxy could not serve http_options "
-                                 f"{http_options} on node {node[:12]}: {error}")
+            cause = getattr(error, "cause", None) or error
+            raise DeployRejected(f"the HTTP proxy on node {node[:12]} could not start: {cause}")
         self._proxies.update(created)
         self._http = dict(http_options)
 

@@ -63,6 +63,17 @@ def _encode(chunk: Any) -> bytes:
     return json.dumps(chunk).encode()
 
 
+def is_streaming(result: Any) -> bool:
+    return (isinstance(result, StreamingResponse) or inspect.isasyncgen(result)
+            or inspect.isgenerator(result))
+
+
+async def unary_response(result: Any) -> tuple[dict, bytes]:
+    """(head, body) of a response that is not streamed."""
+    parts = [part async for part in response_parts(result)]
+    return parts[0], b"".join(parts[1:])
+
+
 async def response_parts(result: Any) -> AsyncIterator[Any]:
     """Yields the response head (a dict) first, then body chunks (bytes)."""
     if isinstance(result, StreamingResponse):

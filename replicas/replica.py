@@ -1,5 +1,7 @@
-"""The replica actor: a thin shell over ``UserCallable`` plus request accounting and the
-periodic metric report to the owning shard.
+"""The replica actor: a thin shell over ``UserCallable`` plus request accounting, the
+periodic metric report to the owning shard, and push health (``ReplicaHealthMixin``:
+self-checks at half the health period, carried on the metric report, heartbeats as
+fallback).
 
 Lifecycle calls (``initialize``, ``check_health``, ``reconfigure``, ``prepare_for_shutdown``)
 never wait on a request slot: requests take ``max_ongoing_requests`` slots of a semaphore,
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import time
@@ -24,10 +27,14 @@ from controlplane.handles import DeploymentHandle, HandleRuntime
 from controlplane.settings import Settings
 from controlplane.user_code import DeploymentRef
 from replicas.context import ReplicaContext, set_replica_context
-from replicas.http_adapter import HTTPRequestData, response_parts, to_starlette
+from replicas.http_adapter import (HTTPRequestData, is_streaming, response_parts, to_starlette,
+                                   unary_response)
+from replicas.replica_health import ReplicaHealthMixin
 from replicas.user_callable import UserCallable
 
 logger = logging.getLogger(__name__)
+
+_STREAM_ABANDON_S = 60.0  # a started stream the proxy never pulls releases its slot then
 
 
 @dataclass(frozen=True)
@@ -42,9 +49,13 @@ class ReplicaInit:
     shard_name: str
     namespace: str
     metrics_report_interval_s: float
+    # Defaults are the stock DEPLOYMENT_DEFAULTS / ShardSettings values.
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    unhealthy_threshold: int = 3
 
 
-class Replica:
+class Replica(ReplicaHealthMixin):
     def __init__(self, init: ReplicaInit) -> None:
         self._init = init
         self._rank = init.rank
@@ -55,6 +66,9 @@ class Replica:
         self._idle = asyncio.Event()  # set while no request is queued or executing
         self._idle.set()
         self._reporter: asyncio.Task | None = None
+        self._setup_health()
+        self._streams: dict[int, tuple[Any, contextlib.AsyncExitStack]] = {}
+        self._stream_ids = itertools.count()
         self._set_context()
 
     def _set_context(self) -> None:
@@ -62,14 +76,16 @@ class Replica:
         set_replica_context(ReplicaContext(i.app_name, i.deployment, i.replica_id, self._rank))
 
     async def initialize(self) -> dict:
-        """Construct the user's code, apply user_config, run a fresh health check."""
+        """Construct the user's code, apply user_config, run a fresh health check (never a
+        cached one), then start self-health and the metric reports."""
         target, args, kwargs = cloudpickle.loads(self._init.serialized_def)
         self._user = UserCallable(target, args, kwargs, resolve_arg=self._resolve_arg)
         await self._user.construct()
         if self._init.user_config is not None:
             await self._user.reconfigure(self._init.user_config)
-        await self._user.check_health()
-        self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
+        shard = ray.get_actor(self._init.shard_name, namespace=self._init.namespace)
+        await self._start_health(shard)
+        self._reporter = asyncio.get_running_loop().create_task(self._report_forever(shard))
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id(), "pid": os.getpid()}
 
@@ -79,9 +95,6 @@ class Replica:
             HandleRuntime.install(Settings(namespace=self._init.namespace))
             return DeploymentHandle(value.app, value.name)
         return value
-
-    async def check_health(self) -> None:
-        await self._user.check_health()
 
     async def reconfigure(self, user_config: Any) -> None:
         await self._user.reconfigure(user_config)
@@ -113,20 +126,49 @@ class Replica:
         async with self._slot():
             return await self._user.call(method, args, kwargs)
 
-    async def handle_http(self, request: HTTPRequestData) -> AsyncIterator[Any]:
-        """An HTTP request (Ray streaming generator): yields the response head, then body
-        chunks, so generators stream through the proxy as they are produced."""
-        async with self._slot():
+    async def handle_http(self, request: HTTPRequestData) -> tuple:
+        """An HTTP request in one round trip: ("full", head, body), or, when the user's code
+        returned a generator or streaming response, ("stream", stream_id) and the proxy
+        pulls the chunks with ``stream_http``. The request keeps its slot until its
+        stream ends (or is abandoned: ``_STREAM_ABANDON_S``)."""
+        stack = contextlib.AsyncExitStack()
+        await stack.enter_async_context(self._slot())
+        try:
             result = await self._user.call("__call__", (to_starlette(request),), {})
+            if not is_streaming(result):
+                return ("full", *await unary_response(result))
+            stream_id = next(self._stream_ids)
+            self._streams[stream_id] = (result, stack)
+            asyncio.get_running_loop().call_later(_STREAM_ABANDON_S, self._abandon, stream_id)
+            stack = None
+            return ("stream", stream_id)
+        finally:
+            if stack is not None:
+                await stack.aclose()
+
+    async def stream_http(self, stream_id: int) -> AsyncIterator[Any]:
+        """A Ray streaming generator: the response head, then body chunks as produced."""
+        result, stack = self._streams.pop(stream_id)
+        try:
             async for part in response_parts(result):
                 yield part
+        finally:
+            await stack.aclose()
+
+    def _abandon(self, stream_id: int) -> None:
+        """The proxy never came for this stream (it died): free the slot."""
+        entry = self._streams.pop(stream_id, None)
+        if entry is not None:
+            asyncio.get_running_loop().create_task(entry[1].aclose())
 
     def get_queue_len(self) -> int:
         """For routers' probes: never waits for a slot (DESIGN.md principle 3)."""
         return self._ongoing + self._queued
 
     async def prepare_for_shutdown(self, timeout_s: float) -> None:
-        """Wait (up to timeout_s) for in-flight requests, then stop reporting."""
+        """Stop self-health, wait (up to timeout_s) for in-flight requests, then stop
+        reporting."""
+        self._stop_health()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except asyncio.TimeoutError:
@@ -141,14 +183,16 @@ class Replica:
 
     def _report(self) -> MetricReport:
         return MetricReport(replica_id=self._init.replica_id, sent_at=time.time(),
-                            ongoing_requests=self._ongoing, queued_requests=self._queued)
+                            ongoing_requests=self._ongoing, queued_requests=self._queued,
+                            health=self._health_for_report())
 
-    async def _report_forever(self) -> None:
-        shard = ray.get_actor(self._init.shard_name, namespace=self._init.namespace)
+    async def _report_forever(self, shard: Any) -> None:
         key = (self._init.app_name, self._init.deployment)
         while True:
             try:  # at most one report in flight: await it before the next
-                await shard.report_metrics.remote(key, self._report())
+                ref = shard.report_metrics.remote(key, self._report())
+                self._health_report_sent()
+                await ref
             except Exception as e:  # the shard may be restarting; keep reporting
                 logger.warning("metric report to %s failed: %r", self._init.shard_name, e)
             await asyncio.sleep(self._init.metrics_report_interval_s)
