@@ -16,3 +16,20 @@ class ServeNoop:
 
 
 serve_app = ServeNoop.bind()
+
+
+class HalfSecond:
+    """A 0.5 s handler: the issue's overload case (max_ongoing_requests=2)."""
+
+    async def __call__(self, request: Request) -> str:
+        import asyncio
+        await asyncio.sleep(0.5)
+        return "ok"
+
+
+@serve.deployment(max_ongoing_requests=2, ray_actor_options={"num_cpus": 0})
+class ServeHalfSecond(HalfSecond):
+    pass
+
+
+serve_half_second_app = ServeHalfSecond.bind()

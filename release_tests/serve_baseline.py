@@ -10,16 +10,17 @@ import threading
 import ray
 from ray import serve
 
-from release_tests.noop_app import serve_app
+from release_tests import noop_app
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--app", default="serve_app", help="an application in noop_app")
     args = parser.parse_args()
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(serve_app, route_prefix="/noop")
+    serve.run(getattr(noop_app, args.app), route_prefix="/noop")
     print("READY", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -1,0 +1,151 @@
+"""Push vs pull replica health at scale, through the real shard ingest path.
+
+    python -m release_tests.health_push --replicas 8192 --duration-s 120 --mode both
+
+Runs N simulated replicas (many per host process, ``release_tests.sim_fleet``) against a
+real ``ControllerShard`` (its ``report_metrics`` actor method, ``ShardCore``,
+``DeploymentHealth``, stall guard and probes), once per mode:
+
+- push: every metric report carries the replica's newest self-check result; pull probes
+  run only for replicas whose push went stale.
+- pull: the same metric reports without health; every replica's health comes from a pull
+  probe once per health period (the same shard code path, with nothing pushed).
+
+Measured per mode over ``--duration-s`` after start-up and a 1.5-period warm-up: health
+updates, misses of the freshness deadline (definitions in ``health_records``), the shard
+process's CPU time per update (all its threads, Ray's included), and pull probes issued
+per health period. Prints the machine, a table, writes every update as Parquet under
+release_tests/results/, and prints as its last line one JSON object keyed by mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+
+from controlplane.client import start_local_ray
+from release_tests.machine import describe, describe_line
+from release_tests.sim_fleet import SimConfig, SimFleet
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KEYS = ("replicas", "updates", "misses", "miss_rate", "controller_cpu_us_per_update",
+        "probes_per_period")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _start(fleet: SimFleet, n: int) -> float:
+    started = time.monotonic()
+    fleet.deploy()
+    last = [0.0]
+
+    def running(summary: dict) -> bool:
+        if time.monotonic() - last[0] > 5:
+            last[0] = time.monotonic()
+            _log(f"  {summary['running']}/{n} running")
+        return summary["running"] >= n
+    fleet.wait(running, timeout_s=max(300.0, n / 10), what=f"{n} replicas running", poll_s=1.0)
+    return time.monotonic() - started
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, dict]:
+    cfg = SimConfig(replicas=args.replicas, push=mode == "push", period_s=args.period_s,
+                    timeout_s=args.timeout_s, report_interval_s=args.report_interval_s,
+                    per_host=args.per_host, namespace=f"fleetplane_sim_{mode}_{time.time_ns()}")
+    _log(f"[{mode}] starting {cfg.replicas} simulated replicas")
+    fleet = SimFleet(cfg)
+    try:
+        startup_s = _start(fleet, cfg.replicas)
+        _log(f"[{mode}] all running after {startup_s:.1f}s; warm-up {1.5 * cfg.period_s:.0f}s")
+        time.sleep(1.5 * cfg.period_s)
+        ray.get(fleet.shard.measure_start.remote())
+        _log(f"[{mode}] measuring for {args.duration_s:.0f}s")
+        time.sleep(args.duration_s)
+        m = ray.get(fleet.shard.measure_stop.remote())
+        summary = fleet.summary()
+    finally:
+        fleet.shutdown()
+    return _result(cfg, m, summary, startup_s), m["rows"]
+
+
+def _result(cfg: SimConfig, m: dict, summary: dict, startup_s: float) -> dict:
+    updates, misses = m["updates"], m["misses"]
+    overdue = sum(1 for s in m["rows"]["source"] if s == "overdue")
+    gaps = [g for g, s in zip(m["rows"]["gap_s"], m["rows"]["source"]) if s != "overdue"]
+    q = statistics.quantiles(gaps, n=100) if len(gaps) >= 2 else [float("nan")] * 99
+    return {
+        "replicas": cfg.replicas, "updates": updates, "misses": misses,
+        "miss_rate": misses / max(1, updates + overdue),
+        "controller_cpu_us_per_update": m["cpu_s"] * 1e6 / max(1, updates),
+        "probes_per_period": m["pull_probes"] / (m["wall_s"] / cfg.period_s),
+        # context beyond the contract keys
+        "controller_cpu_cores": m["cpu_s"] / m["wall_s"], "measured_s": m["wall_s"],
+        "gap_p50_s": q[49], "gap_p99_s": q[98], "gap_max_s": max(gaps, default=float("nan")),
+        "overdue": overdue, "replaced": summary["created"] - cfg.replicas,
+        "stall_episodes": m["stall_episodes"], "startup_s": startup_s,
+    }
+
+
+def _table(results: dict, args: argparse.Namespace) -> str:
+    cols = [("mode", "{}"), ("replicas", "{}"), ("updates", "{}"), ("misses", "{}"),
+            ("miss_rate", "{:.4%}"), ("controller_cpu_us_per_update", "{:.1f}"),
+            ("controller_cpu_cores", "{:.2f}"), ("probes_per_period", "{:.1f}"),
+            ("gap_p50_s", "{:.2f}"), ("gap_p99_s", "{:.2f}"), ("gap_max_s", "{:.2f}"),
+            ("replaced", "{}"), ("stall_episodes", "{}")]
+    lines = ["| " + " | ".join(name for name, _ in cols) + " |",
+             "|" + "---|" * len(cols)]
+    for mode, r in results.items():
+        row = {"mode": mode, **r}
+        lines.append("| " + " | ".join(fmt.format(row[name]) for name, fmt in cols) + " |")
+    return "\n".join(lines)
+
+
+def _write_parquet(all_rows: dict, args: argparse.Namespace) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"health_push_{args.replicas}_{int(time.time())}.parquet"
+    tables = [pa.table({"mode": [mode] * len(rows["replica_id"]), **rows})
+              for mode, rows in all_rows.items()]
+    pq.write_table(pa.concat_tables(tables), path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, required=True)
+    parser.add_argument("--duration-s", type=float, required=True)
+    parser.add_argument("--mode", choices=("push", "pull", "both"), default="both")
+    parser.add_argument("--period-s", type=float, default=10.0, help="health_check_period_s")
+    parser.add_argument("--timeout-s", type=float, default=30.0, help="health_check_timeout_s")
+    parser.add_argument("--report-interval-s", type=float, default=10.0,
+                        help="metric report interval (stock Ray Serve: 10 s)")
+    parser.add_argument("--per-host", type=int, default=2048,
+                        help="simulated replicas per host process")
+    args = parser.parse_args(argv)
+    start_local_ray()
+    print(f"machine: {describe_line()}")
+    print(f"config: period {args.period_s}s, timeout {args.timeout_s}s, reports every "
+          f"{args.report_interval_s}s, {args.per_host} replicas per host, "
+          f"freshness deadline 1.5 x period")
+    results, all_rows = {}, {}
+    for mode in (("push", "pull") if args.mode == "both" else (args.mode,)):
+        results[mode], all_rows[mode] = run_mode(mode, args)
+    print(_table(results, args))
+    print(f"records: {_write_parquet(all_rows, args)}")
+    print(f"machine: {json.dumps(describe())}")
+    ray.shutdown()
+    print(json.dumps({mode: {k: r[k] for k in KEYS} for mode, r in results.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""A simulated fleet pushing health through a real shard's ingest path.
+
+Thousands of replicas cannot be real Ray actors on a 2-core machine, so each
+``SimHost`` actor process hosts many simulated replicas. Everything on the controller
+side is the real code: ``SimShard`` *is* a ``ControllerShard`` (same ``report_metrics`` /
+``report_health`` actor methods, same ``ShardCore``, reconcile loop, ``DeploymentHealth``,
+stall guard and ``ReplicaOps``); only its replica client is swapped for
+``SimReplicaClient``, the seam the unit tests use for ``FakeReplicaClient``, which places
+replicas on hosts and sends probes to them as actor calls.
+
+A simulated replica does what a real one does on the wire: a ``MetricReport`` every
+``metrics_report_interval_s``, at most one in flight, carrying its newest self-check
+result (evaluated every half health period) in push mode and no health in pull mode.
+It does not run a user check (there is none), and it does not heartbeat: the harness
+requires the report interval to be at most the health period, where a real replica sends
+no routine heartbeats either (``HealthPusher.reports_carry_health``).
+
+Test-only seams, here and nowhere in the product: ``SimShard.set_ingest_paused`` holds
+every arriving report and heartbeat before it reaches the shard's state, as a controller
+whose event loop lags does; ``SimHost.set_down`` makes replicas stop pushing and fail
+their probes (a genuine outage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from controlplane.autoscaling import MetricReport
+from controlplane.clock import SystemClock
+from controlplane.health_gate import stale_after_s
+from controlplane.lifecycle import SERVING_STATES
+from controlplane.push_registry import PushedHealth
+from controlplane.replica_client import RayReplicaClient, ReplicaCallFailed, ReplicaDied
+from controlplane.settings import ReplicaSettings, Settings, ShardSettings, shard_actor_name
+from controlplane.shard import ControllerShard, ShardCore
+from controlplane.specs import DeploymentId, DeploymentSpec
+from release_tests.health_records import UpdateRecorder
+from replicas.replica import ReplicaInit
+from replicas.self_health import HealthCheckFailed
+
+logger = logging.getLogger(__name__)
+
+SIM_DEPLOYMENT = DeploymentId("sim", "Sim")
+
+
+# ---- replica side -----------------------------------------------------------------------
+@dataclass
+class _SimReplica:
+    init: ReplicaInit
+    started_at: float  # time.monotonic(): the replica's own clock, as SelfHealth uses
+    down: bool = False
+    task: asyncio.Task | None = field(default=None, repr=False)
+
+    def newest_result(self, now: float) -> PushedHealth:
+        """The newest half-period self-check result (healthy: the sim's replicas are)."""
+        half = self.init.health_check_period_s / 2
+        checked_at = self.started_at + half * int((now - self.started_at) / half)
+        return PushedHealth(True, checked_at, 0)
+
+
+class SimHost:
+    """One process hosting many simulated replicas (a Ray actor)."""
+
+    def __init__(self, push: bool, seed: int = 0) -> None:
+        self._push = push
+        self._rng = random.Random(seed)
+        self._replicas: dict[str, _SimReplica] = {}
+        self._shard: Any = None
+        self._report_errors = 0
+
+    async def start_replica(self, init: ReplicaInit) -> dict:
+        if self._shard is None:  # the real replica's lookup: the shard by name
+            self._shard = ray.get_actor(init.shard_name, namespace=init.namespace)
+        replica = _SimReplica(init, time.monotonic())
+        replica.task = asyncio.get_running_loop().create_task(self._report_forever(replica))
+        self._replicas[init.replica_id] = replica
+        return {"node_id": ray.get_runtime_context().get_node_id(),
+                "actor_id": f"sim:{init.replica_id}"}
+
+    async def _report_forever(self, r: _SimReplica) -> None:
+        key = (r.init.app_name, r.init.deployment)
+        interval = r.init.metrics_report_interval_s
+        await asyncio.sleep(self._rng.uniform(0, interval))  # replicas are not in lockstep
+        while True:
+            if not r.down:
+                health = r.newest_result(time.monotonic()) if self._push else None
+                report = MetricReport(r.init.replica_id, time.time(), 0, 0, health=health)
+                try:  # at most one report in flight, as a real replica
+                    await self._shard.report_metrics.remote(key, report)
+                except Exception:
+                    self._report_errors += 1
+            await asyncio.sleep(interval)
+
+    async def check_health(self, replica_id: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is None or replica.down:
+            raise HealthCheckFailed(f"simulated outage of {replica_id}")
+
+    async def stop_replica(self, replica_id: str) -> None:
+        replica = self._replicas.pop(replica_id, None)
+        if replica is not None and replica.task is not None:
+            replica.task.cancel()
+
+    async def set_down(self, replica_ids: list[str], down: bool = True) -> int:
+        """Test-only: a genuine outage (no pushes, failing probes) of these replicas."""
+        hit = [self._replicas[r] for r in replica_ids if r in self._replicas]
+        for replica in hit:
+            replica.down = down
+        return len(hit)
+
+    async def stats(self) -> dict:
+        return {"replicas": len(self._replicas), "report_errors": self._report_errors,
+                "cpu_s": time.process_time()}
+
+
+# ---- controller side ----------------------------------------------------------------------
+@dataclass
+class SimHandle:
+    init: ReplicaInit
+    host: Any
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class SimReplicaClient(RayReplicaClient):
+    """``RayReplicaClient`` for simulated replicas: the same error mapping (``_call``),
+    calls addressed to the replica's host. Hosts are not killed by the harness, so the
+    death watch only waits for a requested stop."""
+
+    def __init__(self, namespace: str, hosts: list, recorder: UpdateRecorder) -> None:
+        super().__init__(namespace)
+        self._hosts = hosts
+        self._placement = itertools.cycle(range(len(hosts)))
+        self._recorder = recorder
+
+    def create(self, init: ReplicaInit, spec: DeploymentSpec) -> SimHandle:
+        return SimHandle(init, self._hosts[next(self._placement)])
+
+    async def initialize(self, handle: SimHandle, timeout_s: float) -> dict:
+        info = await self._call(handle.host.start_replica.remote(handle.init), timeout_s)
+        self._recorder.on_started(handle.init.replica_id, time.monotonic())
+        return info
+
+    async def check_health(self, handle: SimHandle, timeout_s: float) -> None:
+        replica_id = handle.init.replica_id
+        try:
+            await self._call(handle.host.check_health.remote(replica_id), timeout_s)
+        except (ReplicaCallFailed, ReplicaDied):
+            self._recorder.on_probe(replica_id, False, time.monotonic())
+            raise
+        self._recorder.on_probe(replica_id, True, time.monotonic())
+
+    async def wait_until_stopped(self, handle: SimHandle) -> None:
+        await handle.stopped.wait()
+
+    async def reconfigure(self, handle: SimHandle, user_config: Any, timeout_s: float) -> None:
+        return None
+
+    async def update_rank(self, handle: SimHandle, rank: int) -> None:
+        return None
+
+    async def stop(self, handle: SimHandle, grace_s: float, extra_s: float) -> None:
+        self._end(handle)
+        try:
+            await self._call(handle.host.stop_replica.remote(handle.init.replica_id), extra_s)
+        except (ReplicaDied, ReplicaCallFailed):
+            pass
+
+    def kill(self, handle: SimHandle) -> None:
+        self._end(handle)
+        handle.host.stop_replica.remote(handle.init.replica_id)
+
+    def _end(self, handle: SimHandle) -> None:
+        handle.stopped.set()
+        self._recorder.forget(handle.init.replica_id)
+
+
+class SimShard(ControllerShard):
+    """A real ``ControllerShard`` over simulated replicas, with the harness's recorder."""
+
+    def __init__(self, index: int, settings: dict, hosts: list, period_s: float) -> None:
+        parsed = Settings.from_dict(settings)
+        self._recorder = UpdateRecorder(stale_after_s(period_s))
+        client = SimReplicaClient(parsed.namespace, hosts, self._recorder)
+        self._core = ShardCore(index, parsed, client, SystemClock())
+        self._ingest_open = asyncio.Event()
+        self._ingest_open.set()
+        self._measure: tuple[float, float, Any] | None = None
+
+    async def report_metrics(self, key: tuple[str, str], report: Any) -> None:
+        if not self._ingest_open.is_set():
+            await self._ingest_open.wait()
+        await super().report_metrics(key, report)
+        if report.health is not None:
+            self._recorder.on_push(report.replica_id, report.health.checked_at, time.monotonic())
+
+    async def report_health(self, key: tuple[str, str], replica_id: str,
+                            health: PushedHealth) -> None:
+        if not self._ingest_open.is_set():
+            await self._ingest_open.wait()
+        await super().report_health(key, replica_id, health)
+        self._recorder.on_push(replica_id, health.checked_at, time.monotonic())
+
+    async def set_ingest_paused(self, paused: bool) -> None:
+        """Test-only: hold arriving pushes (controller ingest lag) until un-paused."""
+        if paused:
+            self._ingest_open.clear()
+        else:
+            self._ingest_open.set()
+
+    async def measure_start(self) -> None:
+        now = time.monotonic()
+        self._recorder.start(now)
+        self._measure = (now, time.process_time(), self._core.status()["health"])
+
+    async def measure_stop(self) -> dict:
+        now, cpu_now = time.monotonic(), time.process_time()
+        started, cpu_started, health_before = self._measure
+        measured = self._recorder.stop(now)
+        health = self._core.status()["health"]
+        return {"wall_s": now - started, "cpu_s": cpu_now - cpu_started,
+                "updates": measured.updates, "misses": measured.misses, "rows": measured.rows,
+                "pull_probes": health.pull_probes_total - health_before.pull_probes_total,
+                "pushes": health.pushes_total - health_before.pushes_total,
+                "stall_episodes": health.stall_episodes_total - health_before.stall_episodes_total}
+
+    async def summary(self) -> dict:
+        """O(1)-sized view for polling (status() lists every replica)."""
+        state = self._core.deployment(SIM_DEPLOYMENT)
+        if state is None:
+            return {}
+        return {"running": state.replicas.count(*SERVING_STATES), "created": state.next_seq,
+                "health": self._core.health_totals.statistics(time.monotonic()),
+                "stall": state.health.guard.statistics()}
+
+
+# ---- driver side ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SimConfig:
+    replicas: int
+    push: bool = True
+    period_s: float = 10.0
+    timeout_s: float = 30.0
+    report_interval_s: float = 10.0
+    per_host: int = 2048
+    stall_cap_s: float = 120.0
+    namespace: str = "fleetplane_sim"
+
+    def __post_init__(self) -> None:
+        if self.report_interval_s > self.period_s:
+            raise ValueError("the simulated replicas do not heartbeat: keep "
+                             "report_interval_s <= period_s")
+
+
+class SimFleet:
+    """Driver-side handle: hosts, the shard, and the simulated deployment."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        n_hosts = max(1, -(-cfg.replicas // cfg.per_host))
+        host_cls = ray.remote(SimHost).options(num_cpus=0, max_concurrency=100_000,
+                                               namespace=cfg.namespace)
+        self.hosts = [host_cls.remote(cfg.push, seed=i) for i in range(n_hosts)]
+        settings = Settings(namespace=cfg.namespace,
+                            shard=ShardSettings(stall_episode_cap_s=cfg.stall_cap_s),
+                            replica=ReplicaSettings(metrics_report_interval_s=cfg.report_interval_s))
+        self.shard = ray.remote(SimShard).options(
+            name=shard_actor_name(0), namespace=cfg.namespace, num_cpus=0,
+            max_concurrency=100_000).remote(0, settings.to_dict(), self.hosts, cfg.period_s)
+
+    def spec(self, num_replicas: int | None = None) -> DeploymentSpec:
+        c = self.cfg
+        return DeploymentSpec(
+            id=SIM_DEPLOYMENT, ingress=False, code_version="sim", serialized_def=b"",
+            num_replicas=c.replicas if num_replicas is None else num_replicas,
+            max_ongoing_requests=5, max_queued_requests=-1, user_config=None,
+            autoscaling_config=None, health_check_period_s=c.period_s,
+            health_check_timeout_s=c.timeout_s, graceful_shutdown_timeout_s=0.0,
+            backpressure_config={"status_code": 503, "retry_after_s": None},
+            ray_actor_options={})
+
+    def deploy(self) -> None:
+        ray.get(self.shard.apply.remote([self.spec()], []))
+
+    def summary(self) -> dict:
+        return ray.get(self.shard.summary.remote())
+
+    def replica_ids(self) -> list[str]:
+        status = ray.get(self.shard.status.remote())["deployments"][str(SIM_DEPLOYMENT)]
+        return [r["replica_id"] for r in status["replicas"] if r["state"] == "RUNNING"]
+
+    def wait(self, predicate, timeout_s: float, what: str, poll_s: float = 0.2) -> dict:
+        """Poll the summary until predicate(summary) holds (a deadline, not an assertion)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            summary = self.summary()
+            if summary and predicate(summary):
+                return summary
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}; last: {summary}")
+            time.sleep(poll_s)
+
+    def set_down(self, replica_ids: list[str], down: bool = True) -> int:
+        return sum(ray.get([h.set_down.remote(replica_ids, down) for h in self.hosts]))
+
+    def shutdown(self) -> None:
+        for actor in [self.shard, *self.hosts]:
+            ray.kill(actor, no_restart=True)
