@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 
+from controlplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from controlplane.config import ConfigError, load_deploy_config
 from controlplane.progress import progress_lines, render_table, total_replicas
 
@@ -37,13 +38,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("shutdown", help="drain and stop every replica and the controller")
     for sp in (deploy, status, sub.choices["shutdown"]):
         sp.add_argument("--address", help="Ray cluster address (default: the local one)")
+    add_llm_health_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handlers = {"run": cmd_run, "deploy": cmd_deploy, "status": cmd_status,
-                "shutdown": cmd_shutdown}
+                "shutdown": cmd_shutdown, "llm-health": cmd_llm_health}
     try:
         return handlers[args.command](args)
     except ConfigError as e:

@@ -24,8 +24,9 @@ SIM_COMMAND = ["{python}", "-m", "tests.llm_sim", "--host", "{host}", "--port", 
 DEP = "VLLMServer"
 
 
-def llm_app(name: str) -> dict:
+def llm_app(name: str, *extra_args: str) -> dict:
     args = {"model": "sim-model", "max_num_seqs": 2, "command": SIM_COMMAND,
+            "extra_args": list(extra_args),
             "health_interval_s": 0.3, "answer_timeout_s": 2.0, "startup_timeout_s": 60,
             "env": {"PYTHONPATH": str(REPO)}}
     return app(name, "replicas.vllm_replica:VLLMServer", args=args, deployments=[
@@ -90,6 +91,20 @@ def test_stuck_engine_gets_its_replica_replaced_and_the_engine_stopped(fleet):
     while _alive(engine_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(engine_pid)
+
+
+def test_engine_without_metrics_is_judged_by_answers_and_replaced_when_it_dies(fleet):
+    deploy(fleet, llm_app("llmblind", "--fault", "no-metrics"))
+    old = only_replica(wait_for(fleet, settled("llmblind", 1, DEP)), "llmblind")
+    stats = wait_checks(old, 2)
+    assert stats["verdict"] == "no-metrics" and not stats["restart_decided"]
+    assert stats["last_check"]["report"]["sent_test_request"] is True
+    sim(stats["url"], "/sim/fault", {"mode": "dead"})  # the engine process exits
+
+    status = wait_for(fleet, lambda s: settled("llmblind", 1, DEP)(s) and only_replica(
+        s, "llmblind")["replica_id"] != old["replica_id"], what="replacement of the dead one")
+    new = only_replica(status, "llmblind")
+    assert call(new, {"prompt": "x", "max_tokens": 1})["choices"][0]["text"] == " tok"
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,87 @@
+"""One read of a vLLM server's ``/metrics``, reduced to the few numbers the health check uses.
+
+Owns the parsing of vLLM's Prometheus text (with prometheus_client's own parser) into a
+frozen ``MetricsSnapshot``, and the rule that says whether two snapshots came from the
+same server process. Pure: the caller passes the text and the time it was read.
+
+Progress is counted in engine steps, the sample count of the ``vllm:iteration_tokens_total``
+histogram, never in output tokens: during a long prefill the engine keeps stepping while
+``vllm:generation_tokens_total`` stands still (seed 001, "Engine steps, not output tokens").
+Series are summed over their label sets, so a server with several engines (the ``engine``
+label) or served model names is judged as one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+STEPS = "vllm:iteration_tokens_total_count"  # histogram sample count = engine steps
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+START_TIME = "process_start_time_seconds"  # absent when vLLM runs several API servers
+_REQUIRED = (RUNNING, WAITING, STEPS)
+_SUMMED = (RUNNING, WAITING, STEPS, GENERATION_TOKENS)
+
+
+class MetricsUnusable(Exception):
+    """The text is not vLLM metrics we can judge from (the check falls back to no-metrics)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    at_s: float                  # when it was read (monotonic seconds of the reader)
+    running: float               # requests in the running batch
+    waiting: float               # requests queued for a slot
+    steps: float                 # engine steps since the process started
+    generation_tokens: float     # output tokens since the process started (reported only)
+    start_time_s: float | None   # process start (epoch s); None with several API servers
+    model_name: str | None = None  # from the ``model_name`` label, for the tiny answer
+
+    @property
+    def requests_present(self) -> bool:
+        return self.running > 0 or self.waiting > 0
+
+    def same_process_as(self, earlier: "MetricsSnapshot") -> bool:
+        """False when the server restarted between ``earlier`` and this read.
+
+        A changed start time proves a restart; without that series (vLLM with several API
+        servers) a counter that went down does, since counters only fall when their process
+        is replaced (seed 001, "A restart between the two reads").
+        """
+        if self.start_time_s is not None and earlier.start_time_s is not None:
+            if self.start_time_s != earlier.start_time_s:
+                return False
+        elif (self.start_time_s is None) != (earlier.start_time_s is None):
+            return False  # the series came or went: a different server configuration
+        return (self.steps >= earlier.steps
+                and self.generation_tokens >= earlier.generation_tokens)
+
+
+def parse_metrics(text: str, at_s: float) -> MetricsSnapshot:
+    """Parse Prometheus text from vLLM; raises MetricsUnusable when the series are missing."""
+    sums: dict[str, float] = {}
+    start_time: float | None = None
+    model_name: str | None = None
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in _SUMMED:
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+                    model_name = model_name or sample.labels.get("model_name")
+                elif sample.name == START_TIME:
+                    start_time = sample.value
+    except ValueError as e:  # prometheus_client's parser rejects malformed text this way
+        raise MetricsUnusable(f"/metrics is not Prometheus text: {e}") from None
+    missing = [name for name in _REQUIRED if name not in sums]
+    if missing:
+        raise MetricsUnusable(f"/metrics lacks vLLM series {', '.join(missing)}")
+    return MetricsSnapshot(at_s=at_s, running=sums[RUNNING], waiting=sums[WAITING],
+                           steps=sums[STEPS], generation_tokens=sums.get(GENERATION_TOKENS, 0.0),
+                           start_time_s=start_time, model_name=model_name)

@@ -1,0 +1,202 @@
+"""A simulated vLLM engine: slots, a waiting queue, engine steps, long prefill, faults.
+
+Owns the engine's state and its Prometheus text, and no I/O or timer: the HTTP server
+(``server.py``) calls ``step()`` at its step rate, unit tests call it under a fake clock.
+The metrics are rendered by prometheus_client in vLLM's real names and labels
+(``model_name``, ``engine``): ``vllm:num_requests_running``/``_waiting`` gauges, the
+``vllm:generation_tokens`` and ``vllm:prompt_tokens`` counters, the
+``vllm:iteration_tokens_total`` histogram (its ``_count`` is engine steps) and
+``process_start_time_seconds``, left out when the engine plays vLLM with several API servers.
+
+A request first spends ``prefill_steps`` steps reading its prompt (steps, no output tokens),
+then makes one output token per step until ``max_tokens``. Fault modes:
+- ``stuck``: no more steps; running requests stay running, new ones wait;
+- ``wedged``: nothing runs and the waiting queue grows (seen on real vLLM, seeds/README.md);
+- ``no-metrics``: /metrics answers 404 (the server layer reads ``fault``);
+- ``dead``: the server process exits (the server layer does it);
+and the one-shot ``restart()``: a new process (counters from 0, new start time) that fails
+every in-flight request with vLLM's 500 text.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+from prometheus_client.exposition import generate_latest
+
+FAULTS = ("none", "stuck", "wedged", "no-metrics", "dead")
+RESTART_ERROR = "cannot schedule new futures after shutdown"  # what seed 001's clients saw
+# vLLM's iteration-token buckets follow its CUDA-graph capture sizes; these are close enough.
+BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(eq=False)
+class SimRequest:
+    max_tokens: int
+    prefill_steps: int                 # steps left reading the prompt
+    internal: bool = False             # made by /sim/load, not received over HTTP
+    output_tokens: int = 0
+    error: str | None = None
+    on_finish: Callable[["SimRequest"], None] | None = None
+
+
+class SimEngine:
+    def __init__(self, model: str, slots: int, wall: Callable[[], float],
+                 publish_start_time: bool = True, prefill_chunk_tokens: int = 512) -> None:
+        self.model = model
+        self.slots = slots
+        self.publish_start_time = publish_start_time
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.fault = "none"
+        self.restarts = 0
+        self._wall = wall
+        self.start_time_s = 0.0
+        self._new_process()
+
+    def _new_process(self) -> None:
+        self.start_time_s = max(self._wall(), self.start_time_s + 0.001)
+        self.steps = 0
+        self.iteration_tokens_sum = 0.0
+        self.bucket_counts = [0] * len(BUCKETS)  # per bucket, not cumulative
+        self.generation_tokens = 0
+        self.prompt_tokens = 0
+        self.running: list[SimRequest] = []
+        self.waiting: deque[SimRequest] = deque()
+
+    @property
+    def full(self) -> bool:
+        """Every slot taken: a request arriving now would wait for one."""
+        return len(self.running) >= self.slots
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def submit(self, max_tokens: int, prefill_steps: int = 0, internal: bool = False,
+               on_finish: Callable[[SimRequest], None] | None = None) -> SimRequest:
+        request = SimRequest(max(1, max_tokens), max(0, prefill_steps), internal,
+                             on_finish=on_finish)
+        self.waiting.append(request)
+        return request
+
+    def abort(self, request: SimRequest) -> None:
+        """The client went away (vLLM aborts such a request)."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+
+    def step(self) -> bool:
+        """Take one engine step; False when none was taken (no work, or a fault)."""
+        if self.fault in ("stuck", "wedged", "dead"):
+            return False
+        while self.waiting and len(self.running) < self.slots:
+            self.running.append(self.waiting.popleft())
+        if not self.running:
+            return False  # vLLM takes no steps while it has nothing to do
+        tokens = 0
+        for request in list(self.running):
+            tokens += self._advance(request)
+        self.steps += 1
+        self.iteration_tokens_sum += tokens
+        self.bucket_counts[_bucket_index(tokens)] += 1
+        return True
+
+    def _advance(self, request: SimRequest) -> int:
+        if request.prefill_steps > 0:  # reading the prompt: a step, no output token
+            request.prefill_steps -= 1
+            self.prompt_tokens += self.prefill_chunk_tokens
+            return self.prefill_chunk_tokens
+        request.output_tokens += 1
+        self.generation_tokens += 1
+        if request.output_tokens >= request.max_tokens:
+            self.running.remove(request)
+            _finish(request)
+        return 1
+
+    def set_fault(self, mode: str) -> None:
+        if mode not in FAULTS:
+            raise ValueError(f"unknown fault '{mode}'; one of {', '.join(FAULTS)}")
+        if mode == "wedged":  # nothing runs: what was running goes back to the queue
+            self.waiting.extendleft(reversed(self.running))
+            self.running.clear()
+        self.fault = mode
+
+    def restart(self) -> None:
+        """A new process: counters from 0, a new start time, every in-flight request fails."""
+        in_flight = self.running + list(self.waiting)
+        self._new_process()
+        self.fault = "none"
+        self.restarts += 1
+        for request in in_flight:
+            request.error = RESTART_ERROR
+            _finish(request)
+
+    def clear(self) -> None:
+        """Drop every request (a test's reset between cases); counters keep counting."""
+        in_flight = self.running + list(self.waiting)
+        self.running.clear()
+        self.waiting.clear()
+        self.fault = "none"
+        for request in in_flight:
+            request.error = "simulator reset"
+            _finish(request)
+
+    def metrics_text(self) -> str:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(self))
+        return generate_latest(registry).decode()
+
+
+def _finish(request: SimRequest) -> None:
+    if request.on_finish is not None:
+        request.on_finish(request)
+
+
+def _bucket_index(tokens: int) -> int:
+    for i, bound in enumerate(BUCKETS):
+        if tokens <= bound:
+            return i
+    return len(BUCKETS) - 1
+
+
+class _Families:
+    """A prometheus_client collector rendering the engine as vLLM names it."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self._e = engine
+
+    def collect(self):
+        e, names, values = self._e, ["engine", "model_name"], ["0", self._e.model]
+        running = GaugeMetricFamily("vllm:num_requests_running",
+                                    "Number of requests in model execution batches.", labels=names)
+        running.add_metric(values, len(e.running))
+        waiting = GaugeMetricFamily("vllm:num_requests_waiting",
+                                    "Number of requests waiting to be processed.", labels=names)
+        waiting.add_metric(values, len(e.waiting))
+        generation = CounterMetricFamily("vllm:generation_tokens",
+                                         "Number of generation tokens processed.", labels=names)
+        generation.add_metric(values, e.generation_tokens)
+        prompt = CounterMetricFamily("vllm:prompt_tokens",
+                                     "Number of prefill tokens processed.", labels=names)
+        prompt.add_metric(values, e.prompt_tokens)
+        yield from (running, waiting, generation, prompt, self._iteration_tokens(names, values))
+        if e.publish_start_time:
+            yield GaugeMetricFamily("process_start_time_seconds", "Start time of the process "
+                                    "since unix epoch in seconds.", value=e.start_time_s)
+
+    def _iteration_tokens(self, names: list[str], values: list[str]) -> HistogramMetricFamily:
+        family = HistogramMetricFamily("vllm:iteration_tokens_total",
+                                       "Histogram of number of tokens per engine_step.",
+                                       labels=names)
+        cumulative, buckets = 0, []
+        for bound, count in zip(BUCKETS, self._e.bucket_counts):
+            cumulative += count
+            buckets.append((f"{float(bound)}", cumulative))
+        buckets.append(("+Inf", self._e.steps))
+        family.add_metric(values, buckets, sum_value=self._e.iteration_tokens_sum)
+        return family

@@ -1,0 +1,156 @@
+"""The simulator's HTTP face: the OpenAI subset vLLM serves, its /metrics, and /sim controls.
+
+Owns the HTTP routes and the step loop over a ``SimEngine``; loopback only.
+
+- ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (non-streaming),
+  ``GET /metrics`` (404 in the ``no-metrics`` fault);
+- ``POST /sim/fault {"mode": M}``: switch a fault at run time (``restart`` restarts now,
+  ``dead`` answers and then the process exits);
+- ``POST /sim/load {"n", "max_tokens", "prefill_steps"}``: start requests inside the engine,
+  so a test fills every slot without holding HTTP connections;
+- ``GET /sim/stats``: counters, among them ``completions_while_full``, the completion
+  requests received while every slot was taken: the number the health check must keep at 0;
+- ``POST /sim/reset``: drop all requests, clear the fault and the counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from aiohttp import web
+
+from tests.llm_sim.engine import SimEngine, SimRequest
+
+_COUNTERS = ("completions", "completions_while_full", "completions_while_busy", "metrics_reads",
+             "models_reads", "completion_errors")
+
+
+class SimServer:
+    def __init__(self, engine: SimEngine, step_rate_hz: float, prefill_steps: int) -> None:
+        self.engine = engine
+        self.step_period_s = 1.0 / step_rate_hz
+        self.prefill_steps = prefill_steps
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.add_routes([
+            web.get("/v1/models", self.models), web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat), web.get("/metrics", self.metrics),
+            web.get("/health", self.health), web.post("/sim/fault", self.set_fault),
+            web.post("/sim/load", self.load), web.get("/sim/stats", self.stats),
+            web.post("/sim/reset", self.reset)])
+        app.cleanup_ctx.append(self._stepping)
+        return app
+
+    async def _stepping(self, app: web.Application):
+        task = asyncio.get_running_loop().create_task(self._step_forever())
+        yield
+        task.cancel()
+
+    async def _step_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.step_period_s)
+            self.engine.step()
+
+    # ---- the OpenAI subset ------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        self.counters["models_reads"] += 1
+        return web.json_response({"object": "list", "data": [
+            {"id": self.engine.model, "object": "model", "owned_by": "vllm",
+             "max_model_len": 4096}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def completions(self, request: web.Request) -> web.Response:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.Response:
+        body = await request.json()
+        if body.get("model") != self.engine.model:
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        self.counters["completions"] += 1
+        self.counters["completions_while_full"] += self.engine.full
+        self.counters["completions_while_busy"] += self.engine.busy
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        finished = lambda r: done.done() or done.set_result(r)
+        sim_request = self.engine.submit(int(body.get("max_tokens") or 16),
+                                         int(body.get("prefill_steps", self.prefill_steps)),
+                                         on_finish=finished)
+        try:
+            result: SimRequest = await done
+        except asyncio.CancelledError:  # the client went away: vLLM aborts the request
+            self.engine.abort(sim_request)
+            raise
+        if result.error is not None:
+            self.counters["completion_errors"] += 1
+            return _error(500, result.error, "InternalServerError")
+        return web.json_response(_completion_body(self.engine.model, result, chat))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if self.engine.fault == "no-metrics":
+            return web.Response(status=404, text="Not Found")
+        self.counters["metrics_reads"] += 1
+        return web.Response(text=self.engine.metrics_text(),
+                            content_type="text/plain", charset="utf-8")
+
+    # ---- /sim controls ------------------------------------------------------------------------
+    async def set_fault(self, request: web.Request) -> web.Response:
+        mode = (await request.json())["mode"]
+        if mode == "restart":
+            self.engine.restart()
+        elif mode == "dead":  # answer first, then go away like a crashed server
+            asyncio.get_running_loop().call_later(0.05, os._exit, 17)
+        else:
+            try:
+                self.engine.set_fault(mode)
+            except ValueError as e:
+                return _error(400, str(e), "BadRequestError")
+        return web.json_response(self._stats())
+
+    async def load(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        for _ in range(int(body.get("n", 1))):
+            self.engine.submit(int(body.get("max_tokens", 1000)),
+                               int(body.get("prefill_steps", 0)), internal=True)
+        self.engine.step()  # admit them now, so a read right after sees every slot taken
+        return web.json_response(self._stats())
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self._stats())
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self.engine.clear()
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+        return web.json_response(self._stats())
+
+    def _stats(self) -> dict:
+        e = self.engine
+        return {**self.counters, "running": len(e.running), "waiting": len(e.waiting),
+                "slots": e.slots, "steps": e.steps, "generation_tokens": e.generation_tokens,
+                "fault": e.fault, "restarts": e.restarts, "pid": os.getpid()}
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"object": "error", "message": message, "type": kind,
+                              "code": status}, status=status)
+
+
+def _completion_body(model: str, result: SimRequest, chat: bool) -> dict:
+    text = " tok" * result.output_tokens
+    usage = {"prompt_tokens": 1, "completion_tokens": result.output_tokens,
+             "total_tokens": 1 + result.output_tokens}
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "finish_reason": "length"}
+        return {"id": f"chatcmpl-{id(result)}", "object": "chat.completion",
+                "created": int(time.time()), "model": model, "choices": [choice], "usage": usage}
+    choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+    return {"id": f"cmpl-{id(result)}", "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage}
