@@ -24,8 +24,10 @@ class NoInstance(Exception):
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:
-    """An embedded single-node Ray on loopback only."""
-    ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False,
+    """An embedded single-node Ray. Ray's own processes use this node's address (Ray
+    resolves 127.0.0.1 to it on purpose); what fleetplane serves binds http_options.host,
+    127.0.0.1 by default."""
+    ray.init(num_cpus=num_cpus, include_dashboard=False,
              namespace=Settings().namespace, logging_level=logging.WARNING,
              configure_logging=True)
 

@@ -18,7 +18,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--app", default="serve_app", help="an application in noop_app")
     args = parser.parse_args()
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(getattr(noop_app, args.app), route_prefix="/noop")
     print("READY", flush=True)
