@@ -108,13 +108,22 @@ class BackpressureConfig(BaseModel):
 class AutoscalingConfig(BaseModel):
     model_config = _MODEL_CONFIG
 
-    min_replicas: int = Field(1, ge=0, description="Fewest replicas; 0 allows scale to zero.")
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas (at least 1 for now).")
     max_replicas: int = Field(1, ge=1, description="Most replicas.")
     initial_replicas: int | None = Field(None, ge=0, description="Replicas at first deploy; None: min.")
     target_ongoing_requests: PosFloat = Field(2.0, description="Ongoing requests per replica.")
     upscale_delay_s: NonNegFloat = Field(30.0, description="Seconds load must stay high to scale out.")
     downscale_delay_s: NonNegFloat = Field(600.0, description="Seconds load must stay low to scale in.")
     look_back_period_s: PosFloat = Field(30.0, description="Seconds over which load is averaged.")
+
+    @field_validator("min_replicas")
+    @classmethod
+    def _no_scale_to_zero(cls, value: int) -> int:
+        # Load is reported by replicas; with none running nothing would scale back up.
+        if value == 0:
+            raise _invalid("scale to zero is not supported yet: with no replica running, no "
+                           "load is reported to scale back up; set min_replicas to 1 or more")
+        return value
 
     @model_validator(mode="after")
     def _check_replica_bounds(self) -> AutoscalingConfig:

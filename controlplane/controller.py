@@ -27,7 +27,7 @@ from controlplane.settings import Settings, shard_actor_name
 from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of
 from controlplane.status import assemble_status
-from controlplane.user_code import BuildError, build_application
+from controlplane.user_code import BuildError, build_applications
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +88,20 @@ class Controller:
                 "num_shards": num_shards, "http": self._proxies.addresses()}
 
     async def _build_all(self, apps: list[dict]) -> list[DeploymentSpec]:
-        refs = [_build_task(app).remote(app) for app in apps]
-        results = await asyncio.gather(*refs, return_exceptions=True)
+        """One fresh worker per distinct runtime_env builds all of its applications."""
+        groups: dict[str, list[dict]] = {}
+        for app in apps:
+            groups.setdefault(json.dumps(app.get("runtime_env") or {}, sort_keys=True),
+                              []).append(app)
+        batches = list(groups.values())
+        replies = await asyncio.gather(*(_build_task(b[0]).remote(b) for b in batches),
+                                       return_exceptions=True)
+        results: dict[str, Any] = {}
+        for batch, reply in zip(batches, replies):
+            for app, result in zip(batch, reply if isinstance(reply, list) else
+                                   [reply] * len(batch)):
+                results[app["name"]] = result
+        results = [results[app["name"]] for app in apps]
         errors = [_build_error(app, r) for app, r in zip(apps, results)
                   if isinstance(r, BaseException)]
         if errors:
@@ -141,7 +153,7 @@ class Controller:
 
 
 # max_calls=1: a fresh worker per build, so a re-deploy imports the user's edited code.
-_remote_build = ray.remote(num_cpus=0, max_calls=1)(build_application)
+_remote_build = ray.remote(num_cpus=0, max_calls=1)(build_applications)
 
 
 def _build_task(app: dict) -> Any:

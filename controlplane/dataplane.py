@@ -123,8 +123,11 @@ class RouterSet:
         sent and, for a backpressure rejection, the rejection (for metrics). Raises
         StreamAborted when the replica failed after the response head went out."""
         router = self._routers.get(key)
-        if router is None:
-            await _plain(send, 503, f"deployment {key} has no running replicas yet")
+        if router is None or router.num_replicas == 0:
+            # Waiting would hang the client for as long as none run (starting, failed to
+            # deploy, all dead): answer at once, with the same hint a rejection gives.
+            await _plain(send, 503, f"deployment {key} has no running replicas",
+                         [(b"retry-after", b"1")])
             return 503, None
         try:
             async with router.slot() as replica:
@@ -140,8 +143,10 @@ class RouterSet:
     async def _stream(self, replica: ReplicaInfo, data: Any, send: Any) -> int:
         """One round trip for a plain response; a second call streams a generator's."""
         handle = self.transport.handle(replica)
+        ref = gen = None
         try:
-            reply = await handle.handle_http.remote(data)
+            ref = handle.handle_http.remote(data)
+            reply = await ref
             if reply[0] == "full":
                 _, head, body = reply
                 await send({"type": "http.response.start", "status": head["status"],
@@ -150,17 +155,22 @@ class RouterSet:
                 return head["status"]
             gen = handle.stream_http.options(num_returns="streaming").remote(reply[1])
             head = await (await gen.__anext__())
+        except asyncio.CancelledError:  # the client went away: stop the replica's work
+            ray.cancel(gen if gen is not None else ref)
+            raise
         except _GONE as e:
             self.transport.forget(replica)
             raise ReplicaUnavailableError(replica.replica_id, _first_line(e)) from None
         except RayTaskError as e:
-            await _plain(send, 500, f"the deployment raised {user_error_text(e)}")
-            return 500
+            return await _user_error(send, e)
         await send({"type": "http.response.start", "status": head["status"],
                     "headers": head["headers"]})
         try:
             async for ref in gen:
                 await send({"type": "http.response.body", "body": await ref, "more_body": True})
+        except asyncio.CancelledError:
+            ray.cancel(gen)
+            raise
         except (RayTaskError, *_GONE) as e:
             # The head is out, so the status cannot change. Ending the body normally would
             # pass a truncated response off as complete: abort the connection instead.
@@ -169,6 +179,18 @@ class RouterSet:
             raise StreamAborted(replica.replica_id, _first_line(e)) from None
         await send({"type": "http.response.body", "body": b""})
         return head["status"]
+
+
+async def _user_error(send: Any, error: RayTaskError) -> int:
+    """The user's exception as a response: a downstream handle's backpressure keeps its
+    status and Retry-After; anything else is a 500 with the exception's message."""
+    if isinstance(error.cause, BackpressureError):
+        cause = error.cause
+        headers = [(k.lower().encode(), v.encode()) for k, v in cause.headers().items()]
+        await _plain(send, cause.status_code, str(cause), headers)
+        return cause.status_code
+    await _plain(send, 500, f"the deployment raised {user_error_text(error)}")
+    return 500
 
 
 async def _plain(send: Any, status: int, text: str,

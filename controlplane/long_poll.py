@@ -5,13 +5,17 @@ knows; the call returns at once with every key whose version differs, or waits (
 timeout) for the next publish. So a router learns about a new replica set as soon as it
 changes, and no request ever calls the controller.
 
-Invariant: versions only grow; ``publish`` of an equal payload is a no-op, so steady state
-wakes nobody.
+Invariants: versions only grow, and a restarted host (a new shard or controller actor)
+starts above every version its predecessor handed out, because versions start at the
+host's creation time in nanoseconds: a listener that compares with ``!=`` can never take a
+new payload for one it already has. ``publish`` of an equal payload is a no-op, so steady
+state wakes nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Hashable
 
 
@@ -19,7 +23,7 @@ class LongPollHost:
     def __init__(self) -> None:
         self._entries: dict[Hashable, tuple[int, Any]] = {}
         self._changed = asyncio.Event()
-        self._next_version = 1
+        self._next_version = time.time_ns()
 
     def publish(self, key: Hashable, payload: Any) -> bool:
         """Store a new payload for key; returns False (and wakes nobody) if unchanged."""

@@ -32,13 +32,24 @@ from replicas.http_adapter import HTTPRequestData
 logger = logging.getLogger(__name__)
 
 
+class ClientGone(Exception):
+    """The client disconnected before its response was complete."""
+
+
 async def _read_body(receive: Any) -> bytes:
     chunks, more = [], True
     while more:
         message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()  # never forward a truncated body
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
     return b"".join(chunks)
+
+
+async def _wait_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _respond(send: Any, status: int, body: bytes,
@@ -47,6 +58,22 @@ async def _respond(send: Any, status: int, body: bytes,
                 "headers": [(b"content-type", content_type),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _unless_disconnected(work: Any, receive: Any) -> Any:
+    """Run ``work``; if the client disconnects first, cancel it (freeing its router and
+    replica slots) and raise ClientGone. uvicorn does not cancel the app by itself."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone()
+    return task.result()
 
 
 class ProxyApp:
@@ -85,17 +112,26 @@ class ProxyApp:
             self.metrics.observe("", "", 404, time.perf_counter() - started)
             return
         prefix, dep_key = match
+        try:
+            body = await _read_body(receive)
+        except ClientGone:
+            return
         data = HTTPRequestData(
             method=scope["method"], path=scope["path"], query_string=scope["query_string"],
-            headers=list(scope["headers"]), body=await _read_body(receive),
-            route_prefix=prefix, client=tuple(scope["client"]) if scope.get("client") else None)
+            headers=list(scope["headers"]), body=body, route_prefix=prefix,
+            client=tuple(scope["client"]) if scope.get("client") else None)
         try:
-            status, rejected = await self.routers.serve_http(dep_key, data, send)
+            result = await _unless_disconnected(
+                self.routers.serve_http(dep_key, data, send), receive)
+        except ClientGone:  # the queued or running request was cancelled with it
+            self.metrics.observe(dep_key, prefix, 499, time.perf_counter() - started)
+            return
         except StreamAborted as e:
             logger.warning("response from replica %s aborted mid-stream: %s", e.replica_id,
                            e.reason)
             self.metrics.observe(dep_key, prefix, 502, time.perf_counter() - started)
             raise  # uvicorn drops the connection: the client sees the failure
+        status, rejected = result
         self.metrics.observe(dep_key, prefix, status, time.perf_counter() - started)
         if rejected is not None:
             self.metrics.reject(dep_key, status, rejected.retry_after_s)

@@ -138,6 +138,11 @@ class Router:
         finally:
             self._release(replica.replica_id)
 
+    @property
+    def num_replicas(self) -> int:
+        """Placeable replicas (O(1), for the proxy's no-replicas fast answer)."""
+        return len(self._replicas)
+
     def statistics(self) -> RouterStatistics:
         return RouterStatistics(
             deployment=self._config.deployment, num_replicas=len(self._replicas),

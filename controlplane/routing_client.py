@@ -64,7 +64,9 @@ class RoutingSubscriber:
 
     def _apply_routes(self, payload: dict) -> None:
         self.routes = payload
-        if payload["num_shards"] != self._num_shards and payload["num_shards"]:
+        # The shard count is fixed for an instance's life (the controller rejects a
+        # change), so shards are followed once.
+        if not self._num_shards and payload["num_shards"]:
             self._num_shards = payload["num_shards"]
             for i in range(self._num_shards):
                 self._known.setdefault(i, {})
@@ -85,4 +87,7 @@ class RoutingSubscriber:
                 continue
             for key, (version, payload) in changes.items():
                 self._known[index][key] = version
-                self._on_deployment(key, payload)
+                try:
+                    self._on_deployment(key, payload)
+                except Exception:  # one bad update must not stop following the shard
+                    logger.exception("routing update for %s failed", key)

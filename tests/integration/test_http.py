@@ -33,10 +33,14 @@ def http_apps(fleet):
                "name": "Sleeper", "max_ongoing_requests": 1, "max_queued_requests": 1,
                "backpressure_config": {"status_code": 429, "retry_after_s": 1.5}}]),
            app("slow503", f"{APPS}:Sleeper", deployments=[{
-               "name": "Sleeper", "max_ongoing_requests": 1, "max_queued_requests": 0}]))
+               "name": "Sleeper", "max_ongoing_requests": 1, "max_queued_requests": 0}]),
+           app("hangup", f"{APPS}:Sleeper", deployments=[{
+               "name": "Sleeper", "max_ongoing_requests": 1}]),
+           app("broken", f"{APPS}:BrokenModel", deployments=[{"name": "BrokenModel"}]))
     wait_for(fleet, lambda s: settled("web", 2, "HttpModel")(s) and settled("serveweb", 1, "Composer")(s)
              and settled("serveweb", 1, "Doubler")(s) and settled("slow", 1, "Sleeper")(s)
-             and settled("slow503", 1, "Sleeper")(s), what="http apps")
+             and settled("slow503", 1, "Sleeper")(s) and settled("hangup", 1, "Sleeper")(s),
+             what="http apps")
     wait_for(fleet, lambda s: get("/-/routes").json().get("/web") == "web/HttpModel",
              what="proxy routes")
     return fleet
@@ -107,3 +111,26 @@ def test_healthz_and_metrics(http_apps):
     metrics = get("/metrics").text
     assert 'fleetplane_http_requests_total{deployment="web/HttpModel"' in metrics
     assert "fleetplane_http_request_latency_seconds_bucket" in metrics
+
+
+def test_no_running_replicas_is_an_immediate_503(http_apps):
+    r = get("/broken")
+    assert r.status_code == 503
+    assert r.headers.get("Retry-After") == "1"
+    assert "no running replicas" in r.text
+
+
+def _ongoing(fleet, app_name: str) -> int:
+    replica = dep_status(fleet.status(), app_name, "Sleeper")["replicas"][0]
+    actor = ray.get_actor(replica["actor_name"], namespace="fleetplane")
+    return ray.get(actor.get_state.remote())["ongoing_requests"]
+
+
+def test_client_disconnect_frees_the_slot(http_apps, fleet):
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.get(BASE_URL + "/hangup?s=30", timeout=1.0)
+    # The proxy cancels the request with its client: the replica's only slot frees long
+    # before the 30 s handler would have ended, and the next request is served.
+    wait_for(fleet, lambda s: _ongoing(fleet, "hangup") == 0, timeout_s=10,
+             what="slot freed after the client left")
+    assert get("/hangup?s=0").text == "done"

@@ -32,7 +32,7 @@ applications:
         max_ongoing_requests: 8
         max_queued_requests: -1
         user_config: {temperature: 0.5}
-        autoscaling_config: {min_replicas: 0, max_replicas: 4, initial_replicas: 1}
+        autoscaling_config: {min_replicas: 1, max_replicas: 4, initial_replicas: 1}
         health_check_period_s: 5
         backpressure_config: {status_code: 429, retry_after_s: 1.5}
         ray_actor_options: {num_gpus: 1, memory: 1073741824, resources: {H200: 1}}
@@ -275,3 +275,10 @@ def test_user_config_is_normalised_to_json():
 def test_models_are_frozen():
     with pytest.raises(ValidationError):
         DeployConfig().http_options.port = 1
+
+
+def test_scale_to_zero_is_refused_with_the_reason():
+    errors = errors_of(with_deployment(autoscaling_config={"min_replicas": 0, "max_replicas": 2}))
+    assert len(errors) == 1
+    assert errors[0].startswith("applications[0].deployments[0].autoscaling_config.min_replicas")
+    assert "scale to zero is not supported yet" in errors[0]

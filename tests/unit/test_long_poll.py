@@ -1,0 +1,71 @@
+"""LongPollHost: what a listener gets, when it wakes, and restarts of the host."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controlplane.long_poll import LongPollHost
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_listener_gets_what_it_does_not_know_at_once():
+    async def scenario():
+        host = LongPollHost()
+        host.publish("a", {"replicas": [1]})
+        host.publish("b", {"replicas": [2]})
+        everything = await host.listen({}, watch_all=True, timeout_s=0.01)
+        assert {k: v[1] for k, v in everything.items()} == {"a": {"replicas": [1]},
+                                                            "b": {"replicas": [2]}}
+        only_a = await host.listen({"a": 0}, timeout_s=0.01)
+        assert set(only_a) == {"a"}
+        known = {k: v[0] for k, v in everything.items()}
+        assert await host.listen(known, watch_all=True, timeout_s=0.01) == {}
+    run(scenario())
+
+
+def test_same_payload_wakes_nobody_and_a_change_wakes_waiters():
+    async def scenario():
+        host = LongPollHost()
+        host.publish("a", 1)
+        known = {"a": host.snapshot({}, watch_all=True)["a"][0]}
+        waiter = asyncio.create_task(host.listen(known, watch_all=True, timeout_s=5))
+        await asyncio.sleep(0)
+        assert host.publish("a", 1) is False
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        assert host.publish("a", 2) is True
+        changes = await waiter
+        assert changes["a"][1] == 2 and changes["a"][0] > known["a"]
+    run(scenario())
+
+
+def test_removal_is_delivered_as_none():
+    async def scenario():
+        host = LongPollHost()
+        host.publish("a", 1)
+        known = {"a": host.snapshot({}, watch_all=True)["a"][0]}
+        host.remove("a")
+        assert (await host.listen(known, timeout_s=0.01))["a"][1] is None
+    run(scenario())
+
+
+def test_a_restarted_host_never_reuses_a_version_the_listener_knows():
+    async def scenario():
+        old = LongPollHost()
+        for i in range(3):
+            old.publish("a", i)
+        known = {"a": old.snapshot({}, watch_all=True)["a"][0]}
+        new = LongPollHost()  # e.g. the shard actor was replaced
+        new.publish("a", "new replicas")
+        assert (await new.listen(known, timeout_s=0.01))["a"][1] == "new replicas"
+    run(scenario())
+
+
+def test_listen_times_out_with_no_changes():
+    async def scenario():
+        host = LongPollHost()
+        return await host.listen({}, watch_all=True, timeout_s=0.01)
+    assert run(scenario()) == {}
