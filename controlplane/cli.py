@@ -92,16 +92,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         start_local_ray()
     _say(start, f"Ray ready ({'joined ' + args.address if args.address else 'embedded, local'})")
     client = Client()
+    deployed = False
     try:
         client.start_controller()
         result = client.deploy(cfg)
+        deployed = True
         _say(start, f"deployed {len(result['deployments'])} deployment(s) on "
              f"{result['num_shards']} shard(s); waiting for replicas")
         _serve(client, start, args.start_timeout_s)
     except KeyboardInterrupt:
         _say(start, "stopping: draining replicas")
     finally:
-        _stop(client, start, embedded=not args.address)
+        # A joined instance that refused this config keeps running as it was.
+        if deployed or not args.address:
+            _stop(client, start, embedded=not args.address)
     return EXIT_OK
 
 

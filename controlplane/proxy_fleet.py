@@ -38,26 +38,33 @@ class ProxyFleet:
         from controlplane.proxy import Proxy
 
         remote_proxy = ray.remote(Proxy)
-        created = {}
+        created, adopted = {}, {}
         for node in ray.nodes():
             node_id = node["NodeID"]
             if not node["Alive"] or node_id in self._proxies:
                 continue
+            try:  # a restarted controller adopts the proxies that kept serving
+                adopted[node_id] = ray.get_actor(proxy_actor_name(node_id),
+                                                 namespace=self._settings.namespace)
+                continue
+            except ValueError:
+                pass
             created[node_id] = remote_proxy.options(
                 name=proxy_actor_name(node_id), namespace=self._settings.namespace,
                 lifetime="detached", num_cpus=0, max_concurrency=100_000, get_if_exists=True,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(self._settings.to_dict(), http_options)
-        results = await asyncio.gather(*(p.ready.remote() for p in created.values()),
+        starting = {**adopted, **created}
+        results = await asyncio.gather(*(p.ready.remote() for p in starting.values()),
                                        return_exceptions=True)
-        failed = [(n, r) for n, r in zip(created, results) if isinstance(r, BaseException)]
+        failed = [(n, r) for n, r in zip(starting, results) if isinstance(r, BaseException)]
         if failed:
-            for proxy in created.values():
+            for proxy in created.values():  # never the adopted ones: they are serving
                 ray.kill(proxy, no_restart=True)
             node, error = failed[0]
             cause = getattr(error, "cause", None) or error
             raise DeployRejected(f"the HTTP proxy on node {node[:12]} could not start: {cause}")
-        self._proxies.update(created)
+        self._proxies.update(starting)
         self._http = dict(http_options)
 
     async def shutdown(self) -> None:
