@@ -2,7 +2,8 @@
 
 Owns:
 
-- ``MetricReport``: the shape of the periodic report a replica sends its shard.
+- ``MetricReport``: the shape of the periodic report a replica sends its shard, with the
+  replica's pushed health (``PushedHealth``) riding on it.
 - ``MetricWindow``: per deployment, the recent reports of each replica and the load
   averaged over the look-back period.
 - ``AutoscalingPolicy`` / ``ScalingState`` / ``decide``: the pure decision of how many
@@ -26,6 +27,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from controlplane.push_registry import PushedHealth
+
 # A ratio within this of a whole number counts as that number: averaging samples adds
 # float noise (2.0000000000000004 replicas' worth of load must not start a third).
 _RATIO_TOLERANCE = 1e-9
@@ -39,10 +42,12 @@ class MetricReport:
     sent_at: float  # replica's wall-clock time.time() when sent; for display only
     ongoing_requests: int  # executing now
     queued_requests: int  # accepted, waiting for a slot
-    # Shaped for extra fields: push health (a later issue) rides on this same report.
     # Keep every new field optional with a default so old senders stay valid.
     # hash=False: a dict is unhashable, and equal reports still hash equal without it.
     extras: Mapping[str, object] = field(default_factory=dict, hash=False)
+    # Push health (seed 000): the replica's newest self-check result rides on the report it
+    # sends anyway; None before its first check completed, or from a non-pushing sender.
+    health: PushedHealth | None = None
 
     def __post_init__(self) -> None:
         if self.ongoing_requests < 0 or self.queued_requests < 0:

@@ -5,22 +5,32 @@ when something changed (``_dirty``: a new spec, a replica transition, a new auto
 target, an expired start backoff); the actions run as owned asyncio tasks
 (``replica_ops``) whose completions feed replica events back through the transition table.
 A steady deployment costs O(1) per tick: no walk over its replicas.
+
+Health is push first (``push_health.DeploymentHealth``: pushes on metric reports and
+heartbeats, pull probes only for stale pushes, the stall guard); this shell carries out
+its actions. The failure count and the health-check-failures counter follow the
+observation that was acted on; at ``unhealthy_threshold`` the replica is replaced.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 from typing import Any, Callable, Coroutine
 
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
+from controlplane.health_gate import ProbeOutcome
+from controlplane.health_stats import HealthTotals
 from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, ReplicaState
+from controlplane.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
+                                      ProbeReplica, ReplicaCrashed)
+from controlplane.push_registry import PushedHealth
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
                                     StartReplica, StopReplica, deployment_status, plan)
 from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec
+from controlplane.stall_guard import StallGuard
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +41,8 @@ _POLICY_KEYS = ("min_replicas", "max_replicas", "initial_replicas", "target_ongo
 
 class DeploymentState:
     def __init__(self, spec: DeploymentSpec, settings: ShardSettings, spawn: Spawn,
-                 ops_factory: Callable[["DeploymentState"], Any]) -> None:
+                 ops_factory: Callable[["DeploymentState"], Any],
+                 totals: HealthTotals | None = None) -> None:
         self.spec = spec
         self.settings = settings
         self.spawn = spawn
@@ -40,8 +51,10 @@ class DeploymentState:
         self.rank_gate = RankConsistencyGate(retry_after_error_s=settings.rank_error_retry_s)
         self.handles: dict[str, Any] = {}
         self.config_versions: dict[str, str] = {}
-        self.health_failures: dict[str, int] = {}
-        self._health_due: list[tuple[float, str]] = []  # heap of (due_at, replica_id)
+        self.health_totals = totals if totals is not None else HealthTotals()
+        period = spec.health_check_period_s
+        self.health = DeploymentHealth(period, self.health_totals, guard=StallGuard(
+            period, self.health_totals, cap_s=settings.stall_episode_cap_s))
         self.deleting = False
         self.start_failures = 0
         self.deploy_failed = False
@@ -68,7 +81,14 @@ class DeploymentState:
             self.last_error = ""
         if self._policy is None or spec.autoscaling_config != self.spec.autoscaling_config:
             self.target_replicas = spec.num_replicas
+        timings = (spec.health_check_period_s, spec.health_check_timeout_s)
+        timings_changed = timings != (self.spec.health_check_period_s,
+                                      self.spec.health_check_timeout_s)
         self.spec = spec
+        self.health.set_period(spec.health_check_period_s)
+        if timings_changed:  # O(N) on this redeploy only; self-checks run on the replicas
+            for replica_id in self.replicas.running_ids():
+                self.ops.update_health_timings(replica_id)
         self._set_policy(spec)
         self.deleting = False
         self.mark_dirty()
@@ -103,7 +123,7 @@ class DeploymentState:
             self._dirty = False
             self.plans_run += 1
             self._act(plan(self.snapshot(now)), now)
-        self._run_due_health_checks(now)
+        self._act_health(self.health.tick(now))
         for replica_id, _old, new in run_consistency_pass(self.rank_gate, self.ranks,
                                                           self.replicas, now):
             self._set_rank(replica_id, new)
@@ -134,41 +154,54 @@ class DeploymentState:
             self.replicas.replace(record.with_state(record.state, rank=rank))
             self.ops.update_rank(replica_id, rank)
 
-    # ---- health (pull) ------------------------------------------------------------------
-    def schedule_health_check(self, replica_id: str, now: float) -> None:
-        heapq.heappush(self._health_due, (now + self.spec.health_check_period_s, replica_id))
-
-    def _run_due_health_checks(self, now: float) -> None:
-        while self._health_due and self._health_due[0][0] <= now:
-            _, replica_id = heapq.heappop(self._health_due)
-            record = self.replicas.get(replica_id)
-            if record is not None and record.state in SERVING_STATES:
-                self.ops.probe(replica_id)
-
-    def record_health(self, replica_id: str, ok: bool, message: str, now: float) -> None:
+    # ---- health (push first, pull fallback) -----------------------------------------------
+    def record_push(self, replica_id: str, health: PushedHealth, now: float,
+                    via_heartbeat: bool = False) -> None:
+        """A push from one of this deployment's live replicas; the next tick acts on it."""
         record = self.replicas.get(replica_id)
+        if record is not None and record.state in ACTIVE_STATES:
+            self.health.record_push(replica_id, health, now, via_heartbeat)
+
+    def probe_resolved(self, replica_id: str, outcome: ProbeOutcome, now: float) -> None:
+        self._act_health(self.health.probe_resolved(replica_id, outcome, now))
+
+    def _act_health(self, actions: list[HealthAction]) -> None:
+        for action in actions:
+            if isinstance(action, ProbeReplica):
+                self.ops.probe(action.replica_id)
+            elif isinstance(action, ApplyHealth):
+                self._apply_health(action)
+            elif isinstance(action, ReplicaCrashed):
+                self.ops.replica_died(action.replica_id, action.message)
+
+    def _apply_health(self, verdict: ApplyHealth) -> None:
+        record = self.replicas.get(verdict.replica_id)
         if record is None or record.state not in SERVING_STATES:
             return
-        failures = 0 if ok else self.health_failures.get(replica_id, 0) + 1
-        self.health_failures[replica_id] = failures
-        if failures >= self.settings.unhealthy_threshold:
-            logger.warning("replica %s failed %d health checks: %s", replica_id, failures, message)
+        self.health_totals.health_check_failures_total += verdict.failures_counted
+        message = verdict.message or (
+            "" if verdict.healthy else
+            f"self health check failed ({verdict.failures} consecutive, {verdict.source})")
+        if verdict.failures >= self.settings.unhealthy_threshold:
+            logger.warning("replica %s failed %d health checks (%s): %s", verdict.replica_id,
+                           verdict.failures, verdict.source, message)
             self.unhealthy = True
-            self.ops.stop(replica_id, f"unhealthy: {message}", event=ReplicaEvent.UNHEALTHY)
-            return
-        if not ok:
+            self.ops.stop(verdict.replica_id, f"unhealthy: {message}",
+                          event=ReplicaEvent.UNHEALTHY)
+        elif record.message != message:
             self.replicas.replace(record.with_state(record.state, message=message))
-        self.schedule_health_check(replica_id, now)
 
     # ---- autoscaling ---------------------------------------------------------------------
     def record_metrics(self, report: Any, now: float) -> None:
+        if report.health is not None:  # before the policy check: health rides on every report
+            self.record_push(report.replica_id, report.health, now)
         if self._policy is not None and report.replica_id in self.replicas:
             self._metrics.record(report, received_at=now)
 
     def forget_replica(self, replica_id: str) -> None:
         self.handles.pop(replica_id, None)
         self.config_versions.pop(replica_id, None)
-        self.health_failures.pop(replica_id, None)
+        self.health.forget(replica_id)
         self.ranks.release(replica_id)
         self._metrics.forget(replica_id)
 
@@ -210,12 +243,18 @@ class DeploymentState:
             "target_replicas": self.target_replicas,
             "version": self.spec.code_version,
             "autoscaling": self._policy is not None,
+            "push_health": self._push_health_status(),
             "replicas": [self._replica_status(r) for r in sorted(
                 self.replicas.records(), key=lambda r: (r.rank is None, r.rank, r.replica_id))],
         }
 
+    def _push_health_status(self) -> dict:
+        stall = self.health.guard.statistics()
+        return {"tracked": self.health.registry.tracked, "stall_state": stall.state.value,
+                "stall_held": stall.held}
+
     def _replica_status(self, r: ReplicaRecord) -> dict:
-        healthy = r.state in SERVING_STATES and self.health_failures.get(r.replica_id, 0) == 0
+        healthy = r.state in SERVING_STATES and self.health.failures(r.replica_id) == 0
         return {"replica_id": r.replica_id, "state": r.state.value, "rank": r.rank,
                 "healthy": healthy, "node_id": r.node_id, "actor_name": r.actor_name,
                 "version": r.version, "message": r.message}

@@ -150,6 +150,9 @@ class HealthStatistics:
     pull_probes_total: int = 0  # fallback probes started
     stall_episodes_total: int = 0  # stall-guard episodes engaged
     intervals: IntervalStats = field(default_factory=IntervalStats)
+    # Failed health observations the controller acted on (pushed or probed); a dropped
+    # probe result never counts (seed 000: the counter follows the observation acted on).
+    health_check_failures_total: int = 0
 
     def merge(self, other: HealthStatistics) -> HealthStatistics:
         return HealthStatistics(
@@ -157,13 +160,15 @@ class HealthStatistics:
             self.heartbeats_total + other.heartbeats_total,
             self.pull_probes_total + other.pull_probes_total,
             self.stall_episodes_total + other.stall_episodes_total,
-            self.intervals.merge(other.intervals))
+            self.intervals.merge(other.intervals),
+            self.health_check_failures_total + other.health_check_failures_total)
 
     def as_json(self) -> dict:
         """The ``controller.health`` object of ``fleetplane status --json``."""
         return {"pushes_total": self.pushes_total, "heartbeats_total": self.heartbeats_total,
                 "pull_probes_total": self.pull_probes_total,
                 "stall_episodes_total": self.stall_episodes_total,
+                "health_check_failures_total": self.health_check_failures_total,
                 "self_check_interval_s": self.intervals.as_dict(),
                 "self_check_intervals_total": self.intervals.count}
 
@@ -187,9 +192,10 @@ class HealthTotals:
         self.heartbeats_total = 0
         self.pull_probes_total = 0
         self.stall_episodes_total = 0
+        self.health_check_failures_total = 0
         self.intervals = IntervalWindows(window_s)
 
     def statistics(self, now: float) -> HealthStatistics:
         return HealthStatistics(self.pushes_total, self.heartbeats_total,
                                 self.pull_probes_total, self.stall_episodes_total,
-                                self.intervals.snapshot(now))
+                                self.intervals.snapshot(now), self.health_check_failures_total)

@@ -19,6 +19,7 @@ import socket
 import time
 from typing import Any
 
+import ray
 import uvicorn
 
 from controlplane.clock import SystemClock
@@ -79,9 +80,11 @@ async def _unless_disconnected(work: Any, receive: Any) -> Any:
 class ProxyApp:
     """The ASGI application; separate from the actor so it can be served in tests."""
 
-    def __init__(self, routers: RouterSet, metrics: ProxyMetrics) -> None:
+    def __init__(self, routers: RouterSet, metrics: ProxyMetrics,
+                 fetch_health: Any = None) -> None:
         self.routers = routers
         self.metrics = metrics
+        self._fetch_health = fetch_health  # async () -> controller.health, or None
         self.table = RouteTable()
         self.has_routes = False
 
@@ -99,6 +102,12 @@ class ProxyApp:
         elif path == "/-/routes":
             await _respond(send, 200, json.dumps(self.table.routes).encode(), b"application/json")
         elif path == "/metrics":
+            if self._fetch_health is not None:
+                try:  # one small RPC per scrape, never per request
+                    self.metrics.controller_health.snapshot = await asyncio.wait_for(
+                        self._fetch_health(), 2.0)
+                except Exception as e:  # keep the last figures; the rest still renders
+                    logger.info("controller health for /metrics unavailable: %r", e)
             body, kind = self.metrics.render()
             await _respond(send, 200, body, kind.encode())
         else:
@@ -145,9 +154,14 @@ class Proxy:
         self._http = http_options
         self._routers = RouterSet(self._settings.namespace, SystemClock(),
                                   settings=self._settings.router)
-        self._app = ProxyApp(self._routers, ProxyMetrics())
+        self._app = ProxyApp(self._routers, ProxyMetrics(), self._controller_health)
         self._server: uvicorn.Server | None = None
         self._subscriber: RoutingSubscriber | None = None
+
+    async def _controller_health(self) -> dict:
+        s = self._settings
+        controller = ray.get_actor(s.controller_name, namespace=s.namespace)
+        return await controller.health.remote()
 
     async def ready(self) -> str:
         if self._server is None:

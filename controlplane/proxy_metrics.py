@@ -2,8 +2,36 @@
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_HEALTH_COUNTERS = ("pushes", "heartbeats", "pull_probes", "stall_episodes",
+                    "health_check_failures")
+
+
+class ControllerHealthCollector:
+    """The controller's push-health figures (``status --json``'s ``controller.health``),
+    refreshed by the proxy on each scrape."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict | None = None
+
+    def collect(self):
+        snap = self.snapshot
+        if not snap:
+            return
+        for name in _HEALTH_COUNTERS:
+            yield CounterMetricFamily(f"fleetplane_health_{name}", f"push health: {name}",
+                                      value=snap.get(f"{name}_total", 0))
+        gauge = GaugeMetricFamily("fleetplane_health_self_check_interval_seconds",
+                                  "gap between fresh self-check results, last 1-2 windows",
+                                  labels=["quantile"])
+        for quantile, value in (snap.get("self_check_interval_s") or {}).items():
+            gauge.add_metric([quantile], math.nan if value is None else value)
+        yield gauge
 
 
 class ProxyMetrics:
@@ -16,6 +44,8 @@ class ProxyMetrics:
                                  registry=self.registry,
                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5,
                                           5, 10, 30, 60))
+        self.controller_health = ControllerHealthCollector()
+        self.registry.register(self.controller_health)
         self.rejections = Counter("fleetplane_backpressure_rejections",
                                   "Requests rejected by backpressure",
                                   ["deployment", "status_code"], registry=self.registry)

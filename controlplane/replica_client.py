@@ -1,9 +1,10 @@
 """The shard's only door to replica actors: create, initialize, probe, reconfigure, stop.
 
 ``RayReplicaClient`` is the real one; tests of the shard logic inject a fake with the same
-methods. Errors are translated into two types that decide behaviour: ``ReplicaDied``
-(the actor is gone: authoritative, replace now) and ``ReplicaCallFailed`` (the call failed
-or timed out: counts as one failed observation).
+methods (the health-push release harness injects a simulated fleet the same way). Errors
+are translated into two types that decide behaviour: ``ReplicaDied`` (the actor is gone:
+authoritative, replace now) and ``ReplicaCallFailed`` (the call failed or timed out:
+counts as one failed observation).
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ class RayReplicaClient:
 
     async def check_health(self, handle: Any, timeout_s: float) -> None:
         await self._call(handle.check_health.remote(), timeout_s)
+
+    async def update_health_timings(self, handle: Any, period_s: float,
+                                    timeout_s: float) -> None:
+        await self._call(handle.update_health_timings.remote(period_s, timeout_s), 30.0)
+
+    async def wait_until_stopped(self, handle: Any) -> None:
+        """The death watch: pending until the replica is asked to stop; ``ReplicaDied`` as
+        soon as the actor dies (Ray fails pending calls of a dead actor)."""
+        await self._call(handle.wait_until_stopped.remote(), None)
 
     async def reconfigure(self, handle: Any, user_config: Any, timeout_s: float) -> None:
         await self._call(handle.reconfigure.remote(user_config), timeout_s)

@@ -6,6 +6,12 @@ outcome is the next event (STARTED, START_FAILED, RECONFIGURED, STOPPED, DIED...
 completion marks the deployment dirty so the next tick re-plans from the new state.
 Constructor failures back off exponentially and stop after ``max_constructor_retries``
 (DEPLOY_FAILED, with the user's traceback) until the next deploy: never a hot loop.
+
+Health: a replica that starts serving is handed to the deployment's push health
+(``watch``) and gets a death watch: one pending ``wait_until_stopped`` call, which Ray
+fails the moment the actor dies. Death is therefore seen without any periodic call, at
+no per-tick cost, and independently of pushes, probes and the stall guard. A probe this
+module starts is answered to ``DeploymentState.probe_resolved`` exactly once.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import logging
 from typing import Any
 
 from controlplane.clock import Clock
-from controlplane.lifecycle import ReplicaEvent, ReplicaState
+from controlplane.health_gate import ProbeOutcome, ProbeResult
+from controlplane.lifecycle import SERVING_STATES, ReplicaEvent, ReplicaState
 from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, replica_actor_name
 from controlplane.replica_set import ReplicaRecord
 from replicas.replica import ReplicaInit
@@ -45,6 +52,8 @@ class ReplicaOps:
         if changes and record.state not in (ReplicaState.FAILED, ReplicaState.STOPPED):
             record = record.with_state(record.state, **changes)
             d.replicas.replace(record)
+        if record.state not in SERVING_STATES:
+            d.health.forget(replica_id)
         if record.state in (ReplicaState.FAILED, ReplicaState.STOPPED):
             d.forget_replica(replica_id)
         d.mark_dirty()
@@ -60,7 +69,10 @@ class ReplicaOps:
             replica_id=replica_id, app_name=spec.id.app, deployment=spec.id.name,
             serialized_def=spec.serialized_def, user_config=spec.user_config, rank=rank,
             max_ongoing_requests=spec.max_ongoing_requests, shard_name=self._shard_name,
-            namespace=self._namespace, metrics_report_interval_s=self._report_interval_s)
+            namespace=self._namespace, metrics_report_interval_s=self._report_interval_s,
+            health_check_period_s=spec.health_check_period_s,
+            health_check_timeout_s=spec.health_check_timeout_s,
+            unhealthy_threshold=d.settings.unhealthy_threshold)
         d.replicas.add(ReplicaRecord(replica_id=replica_id, state=ReplicaState.STARTING,
                                      version=spec.code_version, rank=rank, started_at=now,
                                      actor_name=replica_actor_name(replica_id)))
@@ -85,7 +97,8 @@ class ReplicaOps:
         d.start_failures, d.last_error = 0, ""
         if d.unhealthy and d.replicas.count(ReplicaState.RUNNING) >= d.target_replicas:
             d.unhealthy = False
-        d.schedule_health_check(replica_id, self._clock.monotonic())
+        d.health.watch(replica_id, self._clock.monotonic())
+        d.spawn(self._watch_death(replica_id, handle))
 
     def _start_failed(self, replica_id: str, message: str) -> None:
         d, settings = self._d, self._d.settings
@@ -143,26 +156,69 @@ class ReplicaOps:
         if self._event(replica_id, ReplicaEvent.RECONFIGURED, expect=ReplicaState.UPDATING):
             d.config_versions[replica_id] = version
 
+    def update_health_timings(self, replica_id: str) -> None:
+        """Tell a serving replica the spec's new health period and timeout (in place)."""
+        handle, spec = self._d.handles.get(replica_id), self._d.spec
+        if handle is not None:
+            self._d.spawn(self._wait_health_timings(replica_id, handle, spec.health_check_period_s,
+                                                    spec.health_check_timeout_s))
+
+    async def _wait_health_timings(self, replica_id: str, handle: Any, period_s: float,
+                                   timeout_s: float) -> None:
+        try:
+            await self._client.update_health_timings(handle, period_s, timeout_s)
+        except (ReplicaDied, ReplicaCallFailed) as e:  # health and the death watch cover it
+            logger.warning("replica %s: health timings not updated: %s", replica_id, e)
+
     def update_rank(self, replica_id: str, rank: int) -> None:
         handle = self._d.handles.get(replica_id)
         if handle is not None:
             self._d.spawn(self._client.update_rank(handle, rank))
 
     def probe(self, replica_id: str) -> None:
+        """Start the pull probe push health asked for; its outcome goes to
+        ``probe_resolved`` exactly once."""
         handle = self._d.handles.get(replica_id)
-        if handle is not None:
-            self._d.spawn(self._wait_probe(replica_id, handle))
+        if handle is None:  # cannot happen for a watched replica; never leave it unanswered
+            logger.error("replica %s: no actor handle to probe", replica_id)
+            outcome = ProbeOutcome(ProbeResult.ACTOR_CRASHED, "no actor handle")
+            self._d.probe_resolved(replica_id, outcome, self._clock.monotonic())
+            return
+        self._d.spawn(self._wait_probe(replica_id, handle))
 
     async def _wait_probe(self, replica_id: str, handle: Any) -> None:
         d = self._d
         try:
             await self._client.check_health(handle, d.spec.health_check_timeout_s)
+            outcome = ProbeOutcome(ProbeResult.HEALTHY)
         except ReplicaDied as e:  # authoritative: replace now
-            logger.warning("replica %s died: %s", replica_id, e)
-            d.unhealthy = True
-            self._event(replica_id, ReplicaEvent.DIED, message=str(e))
-            return
+            outcome = ProbeOutcome(ProbeResult.ACTOR_CRASHED, str(e))
         except ReplicaCallFailed as e:
-            d.record_health(replica_id, False, str(e), self._clock.monotonic())
-            return
-        d.record_health(replica_id, True, "", self._clock.monotonic())
+            outcome = ProbeOutcome(ProbeResult.UNHEALTHY, str(e))
+        except Exception as e:  # a client bug must not leave the probe unanswered forever
+            logger.exception("replica %s: probe failed unexpectedly", replica_id)
+            outcome = ProbeOutcome(ProbeResult.UNHEALTHY, repr(e))
+        d.probe_resolved(replica_id, outcome, self._clock.monotonic())
+
+    async def _watch_death(self, replica_id: str, handle: Any) -> None:
+        """Wait on the replica's pending ``wait_until_stopped``: it returns on a requested
+        stop and raises ``ReplicaDied`` when the actor dies."""
+        try:
+            await self._client.wait_until_stopped(handle)
+        except ReplicaDied as e:
+            self.replica_died(replica_id, str(e))
+        except ReplicaCallFailed as e:  # the watch itself broke; probes still cover health
+            logger.warning("replica %s: death watch ended: %s", replica_id, e)
+
+    def replica_died(self, replica_id: str, message: str) -> None:
+        """The actor is gone (death watch or a crashed probe): replace it now."""
+        d = self._d
+        record = d.replicas.get(replica_id)
+        if record is None or record.state not in SERVING_STATES:
+            return  # stopping anyway, or already handled
+        logger.warning("replica %s died: %s", replica_id, message)
+        d.unhealthy = True
+        handle = d.handles.get(replica_id)
+        self._event(replica_id, ReplicaEvent.DIED, message=message)
+        if handle is not None:
+            self._client.kill(handle)  # no-op on a dead actor; a wrong verdict leaks nothing

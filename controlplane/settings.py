@@ -22,6 +22,7 @@ class ShardSettings:
     rank_error_retry_s: float = 30.0        # seed 000: back off an erroring rank pass
     rolling_surge_fraction: float = 0.2     # extra replicas a rolling update may start
     stop_grace_extra_s: float = 5.0         # on top of graceful_shutdown_timeout_s
+    stall_episode_cap_s: float = 120.0      # seed 000: longest a stall verdict defers probes
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """ControllerShard: owns the deployments that hash to it and reconciles their replicas.
 
 A thin actor shell: it receives desired specs from the controller (``apply``), metric
-reports from its replicas (``report_metrics``), and runs one reconcile loop that ticks each
-owned deployment. Every background task is owned by the shard (kept in ``_tasks``, errors
+reports from its replicas (``report_metrics``, which carry pushed health) and health
+heartbeats (``report_health``), and runs one reconcile loop that ticks each owned
+deployment. Pushes are stamped with the shard's monotonic time on arrival. The push-health
+counters (``HealthTotals``) are shard-wide, so a deleted deployment never takes its counts
+with it. Every background task is owned by the shard (kept in ``_tasks``, errors
 logged with the deployment they belong to), so nothing runs unowned.
 """
 
@@ -15,7 +18,9 @@ from typing import Any, Coroutine
 
 from controlplane.clock import Clock, SystemClock
 from controlplane.deployment_state import DeploymentState
+from controlplane.health_stats import HealthTotals
 from controlplane.long_poll import LongPollHost
+from controlplane.push_registry import PushedHealth
 from controlplane.replica_client import RayReplicaClient
 from controlplane.replica_ops import ReplicaOps
 from controlplane.settings import Settings, shard_actor_name
@@ -36,6 +41,7 @@ class ShardCore:
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self.routing = LongPollHost()  # key: str(DeploymentId) -> routing payload
+        self.health_totals = HealthTotals()
         self.ticks = 0
         self.last_tick_s = 0.0
 
@@ -55,7 +61,8 @@ class ShardCore:
         return DeploymentState(
             spec, self._settings.shard, self._spawn,
             lambda d: ReplicaOps(d, self._client, self._clock, name, self._settings.namespace,
-                                 self._settings.replica.metrics_report_interval_s))
+                                 self._settings.replica.metrics_report_interval_s),
+            totals=self.health_totals)
 
     def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
         for spec in specs:
@@ -97,10 +104,19 @@ class ShardCore:
         self.ticks += 1
         self.last_tick_s = time.perf_counter() - started
 
+    def deployment(self, dep_id: DeploymentId) -> DeploymentState | None:
+        return self._deployments.get(dep_id)
+
     def report_metrics(self, key: tuple[str, str], report: Any) -> None:
         state = self._deployments.get(DeploymentId(*key))
         if state is not None:
             state.record_metrics(report, self._clock.monotonic())
+
+    def report_health(self, key: tuple[str, str], replica_id: str, health: PushedHealth) -> None:
+        """A heartbeat: pushed health without a metric report."""
+        state = self._deployments.get(DeploymentId(*key))
+        if state is not None:
+            state.record_push(replica_id, health, self._clock.monotonic(), via_heartbeat=True)
 
     def status(self) -> dict:
         now = self._clock.monotonic()
@@ -109,6 +125,7 @@ class ShardCore:
             "deployments": {str(k): s.status(now) for k, s in self._deployments.items()},
             "ticks": self.ticks,
             "last_tick_ms": round(self.last_tick_s * 1000, 3),
+            "health": self.health_totals.statistics(now),
         }
 
     async def wait_drained(self, timeout_s: float) -> bool:
@@ -134,6 +151,10 @@ class ControllerShard:
 
     async def report_metrics(self, key: tuple[str, str], report: Any) -> None:
         self._core.report_metrics(key, report)
+
+    async def report_health(self, key: tuple[str, str], replica_id: str,
+                            health: PushedHealth) -> None:
+        self._core.report_health(key, replica_id, health)
 
     async def status(self) -> dict:
         return self._core.status()

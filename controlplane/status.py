@@ -2,12 +2,15 @@
 
 Application status folds its deployments' statuses: DEPLOY_FAILED if any failed,
 RUNNING when all are HEALTHY, DELETING while a removed application drains, UNHEALTHY if
-any deployment is, else DEPLOYING.
+any deployment is, else DEPLOYING. ``controller.health`` merges the shards' push-health
+statistics (counters and self-check intervals).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from controlplane.health_stats import merge_all
 
 
 def app_status(dep_statuses: list[str]) -> str:
@@ -41,5 +44,7 @@ def assemble_status(config: dict | None, shards: list[dict], generation: int) ->
             "generation": generation,
             "shards": [{"index": s["index"], "deployments": len(s["deployments"]),
                         "ticks": s["ticks"], "last_tick_ms": s["last_tick_ms"]} for s in shards],
+            # Push health across shards (exact merge: counters add, histograms add).
+            "health": merge_all(s["health"] for s in shards if "health" in s).as_json(),
         },
     }

@@ -11,11 +11,15 @@ real ``ControllerShard`` (its ``report_metrics`` actor method, ``ShardCore``,
 - pull: the same metric reports without health; every replica's health comes from a pull
   probe once per health period (the same shard code path, with nothing pushed).
 
-Measured per mode over ``--duration-s`` after start-up and a 1.5-period warm-up: health
+Measured per mode over ``--duration-s`` after start-up and a warm-up (3 health periods by
+default: at 16K the start-up backlog takes about one period to drain): health
 updates, misses of the freshness deadline (definitions in ``health_records``), the shard
 process's CPU time per update (all its threads, Ray's included), and pull probes issued
-per health period. Prints the machine, a table, writes every update as Parquet under
-release_tests/results/, and prints as its last line one JSON object keyed by mode.
+per health period. For context it also shows the CPU of the simulated replicas' host
+processes and of the whole machine: on 2 cores the replica side shares the CPUs with the
+controller, which a real fleet does not. Prints the machine, a table, writes every update
+as Parquet under release_tests/results/, and prints as its last line one JSON object keyed
+by mode.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
@@ -36,6 +41,9 @@ from release_tests.machine import describe, describe_line
 from release_tests.sim_fleet import SimConfig, SimFleet
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SCHEMA = pa.schema([("mode", pa.string()), ("replica_id", pa.string()), ("source", pa.string()),
+                    ("t_s", pa.float64()), ("gap_s", pa.float64()), ("age_s", pa.float64()),
+                    ("delay_s", pa.float64()), ("missed", pa.bool_())])
 KEYS = ("replicas", "updates", "misses", "miss_rate", "controller_cpu_us_per_update",
         "probes_per_period")
 
@@ -66,16 +74,28 @@ def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, dict]:
     fleet = SimFleet(cfg)
     try:
         startup_s = _start(fleet, cfg.replicas)
-        _log(f"[{mode}] all running after {startup_s:.1f}s; warm-up {1.5 * cfg.period_s:.0f}s")
-        time.sleep(1.5 * cfg.period_s)
+        warmup_s = args.warmup_periods * cfg.period_s
+        _log(f"[{mode}] all running after {startup_s:.1f}s; warm-up {warmup_s:.0f}s")
+        time.sleep(warmup_s)
+        hosts_before, machine_before = _hosts_cpu_s(fleet), psutil.cpu_times()
         ray.get(fleet.shard.measure_start.remote())
         _log(f"[{mode}] measuring for {args.duration_s:.0f}s")
         time.sleep(args.duration_s)
         m = ray.get(fleet.shard.measure_stop.remote())
+        m["hosts_cpu_s"] = _hosts_cpu_s(fleet) - hosts_before
+        m["machine_busy_s"] = _busy_s(psutil.cpu_times()) - _busy_s(machine_before)
         summary = fleet.summary()
     finally:
         fleet.shutdown()
     return _result(cfg, m, summary, startup_s), m["rows"]
+
+
+def _hosts_cpu_s(fleet: SimFleet) -> float:
+    return sum(s["cpu_s"] for s in ray.get([h.stats.remote() for h in fleet.hosts]))
+
+
+def _busy_s(times) -> float:
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
 def _result(cfg: SimConfig, m: dict, summary: dict, startup_s: float) -> dict:
@@ -90,16 +110,20 @@ def _result(cfg: SimConfig, m: dict, summary: dict, startup_s: float) -> dict:
         "probes_per_period": m["pull_probes"] / (m["wall_s"] / cfg.period_s),
         # context beyond the contract keys
         "controller_cpu_cores": m["cpu_s"] / m["wall_s"], "measured_s": m["wall_s"],
+        "hosts_cpu_cores": m["hosts_cpu_s"] / m["wall_s"],
+        "machine_busy_cores": m["machine_busy_s"] / m["wall_s"],
         "gap_p50_s": q[49], "gap_p99_s": q[98], "gap_max_s": max(gaps, default=float("nan")),
         "overdue": overdue, "replaced": summary["created"] - cfg.replicas,
         "stall_episodes": m["stall_episodes"], "startup_s": startup_s,
+        "gc_full_collections": m["gc_full_collections"], "gc_max_pause_s": m["gc_max_pause_s"],
     }
 
 
 def _table(results: dict, args: argparse.Namespace) -> str:
     cols = [("mode", "{}"), ("replicas", "{}"), ("updates", "{}"), ("misses", "{}"),
             ("miss_rate", "{:.4%}"), ("controller_cpu_us_per_update", "{:.1f}"),
-            ("controller_cpu_cores", "{:.2f}"), ("probes_per_period", "{:.1f}"),
+            ("controller_cpu_cores", "{:.2f}"), ("hosts_cpu_cores", "{:.2f}"),
+            ("machine_busy_cores", "{:.2f}"), ("probes_per_period", "{:.1f}"),
             ("gap_p50_s", "{:.2f}"), ("gap_p99_s", "{:.2f}"), ("gap_max_s", "{:.2f}"),
             ("replaced", "{}"), ("stall_episodes", "{}")]
     lines = ["| " + " | ".join(name for name, _ in cols) + " |",
@@ -113,7 +137,7 @@ def _table(results: dict, args: argparse.Namespace) -> str:
 def _write_parquet(all_rows: dict, args: argparse.Namespace) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"health_push_{args.replicas}_{int(time.time())}.parquet"
-    tables = [pa.table({"mode": [mode] * len(rows["replica_id"]), **rows})
+    tables = [pa.table({"mode": [mode] * len(rows["replica_id"]), **rows}, schema=SCHEMA)
               for mode, rows in all_rows.items()]
     pq.write_table(pa.concat_tables(tables), path)
     return path
@@ -128,18 +152,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=30.0, help="health_check_timeout_s")
     parser.add_argument("--report-interval-s", type=float, default=10.0,
                         help="metric report interval (stock Ray Serve: 10 s)")
+    parser.add_argument("--warmup-periods", type=float, default=3.0,
+                        help="health periods between all-running and measuring")
     parser.add_argument("--per-host", type=int, default=2048,
                         help="simulated replicas per host process")
     args = parser.parse_args(argv)
     start_local_ray()
     print(f"machine: {describe_line()}")
     print(f"config: period {args.period_s}s, timeout {args.timeout_s}s, reports every "
-          f"{args.report_interval_s}s, {args.per_host} replicas per host, "
-          f"freshness deadline 1.5 x period")
+          f"{args.report_interval_s}s, {args.per_host} replicas per host, warm-up "
+          f"{args.warmup_periods} periods, {args.duration_s}s measured, freshness deadline "
+          f"1.5 x period")
     results, all_rows = {}, {}
     for mode in (("push", "pull") if args.mode == "both" else (args.mode,)):
         results[mode], all_rows[mode] = run_mode(mode, args)
     print(_table(results, args))
+    for mode, r in results.items():
+        print(f"{mode}: start-up {r['startup_s']:.0f}s, overdue at the end {r['overdue']}, "
+              f"full GCs in the shard {r['gc_full_collections']} "
+              f"(longest {1000 * r['gc_max_pause_s']:.0f} ms)")
     print(f"records: {_write_parquet(all_rows, args)}")
     print(f"machine: {json.dumps(describe())}")
     ray.shutdown()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COLUMNS = ("replica_id", "source", "t_s", "gap_s", "age_s", "missed")
+COLUMNS = ("replica_id", "source", "t_s", "gap_s", "age_s", "delay_s", "missed")
 
 
 @dataclass(frozen=True)
@@ -45,22 +45,24 @@ class UpdateRecorder:
         self._last.pop(replica_id, None)
         self._checked.pop(replica_id, None)
 
-    def on_push(self, replica_id: str, checked_at: float, now: float) -> None:
+    def on_push(self, replica_id: str, checked_at: float, now: float, delay_s: float) -> None:
+        """``delay_s``: from the replica sending the report to the shard taking it in."""
         newest = self._checked.get(replica_id)
         if replica_id not in self._last or (newest is not None and checked_at <= newest):
             return  # not live, or not a newer result
         self._checked[replica_id] = checked_at
-        self._update(replica_id, "push", now, now - checked_at)
+        self._update(replica_id, "push", now, now - checked_at, delay_s)
 
-    def on_probe(self, replica_id: str, ok: bool, now: float) -> None:
+    def on_probe(self, replica_id: str, ok: bool, now: float, latency_s: float) -> None:
         if replica_id in self._last:
-            self._update(replica_id, "probe" if ok else "probe_failed", now, None)
+            self._update(replica_id, "probe" if ok else "probe_failed", now, None, latency_s)
 
-    def _update(self, replica_id: str, source: str, now: float, age_s: float | None) -> None:
+    def _update(self, replica_id: str, source: str, now: float, age_s: float | None,
+                delay_s: float) -> None:
         gap = now - self._last[replica_id]
         self._last[replica_id] = now
         if self._since is not None:
-            self._rows.append((replica_id, source, now - self._since, gap, age_s,
+            self._rows.append((replica_id, source, now - self._since, gap, age_s, delay_s,
                                gap > self._deadline_s))
 
     def start(self, now: float) -> None:
@@ -71,7 +73,8 @@ class UpdateRecorder:
         updates = len(rows)
         for replica_id, last in self._last.items():
             if now - last > self._deadline_s:
-                rows.append((replica_id, "overdue", now - self._since, now - last, None, True))
+                rows.append((replica_id, "overdue", now - self._since, now - last, None, None,
+                             True))
         self._since = None
         columns = {name: [row[i] for row in rows] for i, name in enumerate(COLUMNS)}
         return MeasuredUpdates(columns, updates, sum(1 for row in rows if row[-1]))

@@ -24,6 +24,8 @@ their probes (a genuine outage).
 from __future__ import annotations
 
 import asyncio
+import gc
+import heapq
 import itertools
 import logging
 import random
@@ -57,7 +59,6 @@ class _SimReplica:
     init: ReplicaInit
     started_at: float  # time.monotonic(): the replica's own clock, as SelfHealth uses
     down: bool = False
-    task: asyncio.Task | None = field(default=None, repr=False)
 
     def newest_result(self, now: float) -> PushedHealth:
         """The newest half-period self-check result (healthy: the sim's replicas are)."""
@@ -67,37 +68,74 @@ class _SimReplica:
 
 
 class SimHost:
-    """One process hosting many simulated replicas (a Ray actor)."""
+    """One process hosting many simulated replicas (a Ray actor).
+
+    One scheduler loop sends every replica's reports: a replica's next report is due one
+    interval after its previous one completed (what ``await report; sleep(interval)`` does
+    in a real replica), so at most one is in flight per replica. Completions are collected
+    with one ``ray.wait`` per loop turn instead of an awaited ObjectRef per report: on 2
+    cores the senders share the CPUs with the shard being measured, and awaiting 1,600
+    refs a second cost the hosts a whole core (what the shard receives is the same).
+    """
+
+    TURN_S = 0.05  # scheduler resolution; adds at most this to a report's interval
 
     def __init__(self, push: bool, seed: int = 0) -> None:
         self._push = push
         self._rng = random.Random(seed)
         self._replicas: dict[str, _SimReplica] = {}
+        self._due: list[tuple[float, str]] = []  # heap of (send at, replica id)
+        self._in_flight: dict[Any, str] = {}  # ObjectRef -> replica id
         self._shard: Any = None
+        self._loop_task: asyncio.Task | None = None
         self._report_errors = 0
 
     async def start_replica(self, init: ReplicaInit) -> dict:
         if self._shard is None:  # the real replica's lookup: the shard by name
             self._shard = ray.get_actor(init.shard_name, namespace=init.namespace)
-        replica = _SimReplica(init, time.monotonic())
-        replica.task = asyncio.get_running_loop().create_task(self._report_forever(replica))
-        self._replicas[init.replica_id] = replica
+            self._loop_task = asyncio.get_running_loop().create_task(self._send_forever())
+        now = time.monotonic()
+        self._replicas[init.replica_id] = _SimReplica(init, now)
+        first = now + self._rng.uniform(0, init.metrics_report_interval_s)  # not in lockstep
+        heapq.heappush(self._due, (first, init.replica_id))
         return {"node_id": ray.get_runtime_context().get_node_id(),
                 "actor_id": f"sim:{init.replica_id}"}
 
-    async def _report_forever(self, r: _SimReplica) -> None:
-        key = (r.init.app_name, r.init.deployment)
-        interval = r.init.metrics_report_interval_s
-        await asyncio.sleep(self._rng.uniform(0, interval))  # replicas are not in lockstep
+    async def _send_forever(self) -> None:
         while True:
-            if not r.down:
-                health = r.newest_result(time.monotonic()) if self._push else None
-                report = MetricReport(r.init.replica_id, time.time(), 0, 0, health=health)
-                try:  # at most one report in flight, as a real replica
-                    await self._shard.report_metrics.remote(key, report)
-                except Exception:
-                    self._report_errors += 1
-            await asyncio.sleep(interval)
+            self._collect(time.monotonic())
+            self._send_due(time.monotonic())
+            await asyncio.sleep(self.TURN_S)
+
+    def _collect(self, now: float) -> None:
+        if not self._in_flight:
+            return
+        refs = list(self._in_flight)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        for ref in done:
+            replica_id = self._in_flight.pop(ref)
+            replica = self._replicas.get(replica_id)
+            if replica is not None:
+                heapq.heappush(self._due, (now + replica.init.metrics_report_interval_s,
+                                           replica_id))
+
+    def _send_due(self, now: float) -> None:
+        while self._due and self._due[0][0] <= now:
+            _, replica_id = heapq.heappop(self._due)
+            r = self._replicas.get(replica_id)
+            if r is None:
+                continue  # stopped
+            if r.down:  # a genuine outage sends nothing; look again next interval
+                heapq.heappush(self._due, (now + r.init.metrics_report_interval_s, replica_id))
+                continue
+            health = r.newest_result(now) if self._push else None
+            report = MetricReport(replica_id, time.time(), 0, 0, health=health)
+            key = (r.init.app_name, r.init.deployment)
+            try:
+                self._in_flight[self._shard.report_metrics.remote(key, report)] = replica_id
+            except Exception:
+                self._report_errors += 1
+                heapq.heappush(self._due, (now + r.init.metrics_report_interval_s, replica_id))
 
     async def check_health(self, replica_id: str) -> None:
         replica = self._replicas.get(replica_id)
@@ -105,9 +143,7 @@ class SimHost:
             raise HealthCheckFailed(f"simulated outage of {replica_id}")
 
     async def stop_replica(self, replica_id: str) -> None:
-        replica = self._replicas.pop(replica_id, None)
-        if replica is not None and replica.task is not None:
-            replica.task.cancel()
+        self._replicas.pop(replica_id, None)
 
     async def set_down(self, replica_ids: list[str], down: bool = True) -> int:
         """Test-only: a genuine outage (no pushes, failing probes) of these replicas."""
@@ -118,7 +154,7 @@ class SimHost:
 
     async def stats(self) -> dict:
         return {"replicas": len(self._replicas), "report_errors": self._report_errors,
-                "cpu_s": time.process_time()}
+                "in_flight": len(self._in_flight), "cpu_s": time.process_time()}
 
 
 # ---- controller side ----------------------------------------------------------------------
@@ -139,9 +175,17 @@ class SimReplicaClient(RayReplicaClient):
         self._hosts = hosts
         self._placement = itertools.cycle(range(len(hosts)))
         self._recorder = recorder
+        self._live: dict[str, SimHandle] = {}
 
     def create(self, init: ReplicaInit, spec: DeploymentSpec) -> SimHandle:
-        return SimHandle(init, self._hosts[next(self._placement)])
+        handle = SimHandle(init, self._hosts[next(self._placement)])
+        self._live[init.replica_id] = handle
+        return handle
+
+    def end_all(self) -> None:
+        """Release every death watch (before the harness kills the shard)."""
+        for handle in list(self._live.values()):
+            self._end(handle)
 
     async def initialize(self, handle: SimHandle, timeout_s: float) -> dict:
         info = await self._call(handle.host.start_replica.remote(handle.init), timeout_s)
@@ -149,13 +193,15 @@ class SimReplicaClient(RayReplicaClient):
         return info
 
     async def check_health(self, handle: SimHandle, timeout_s: float) -> None:
-        replica_id = handle.init.replica_id
+        replica_id, started = handle.init.replica_id, time.monotonic()
         try:
             await self._call(handle.host.check_health.remote(replica_id), timeout_s)
         except (ReplicaCallFailed, ReplicaDied):
-            self._recorder.on_probe(replica_id, False, time.monotonic())
+            now = time.monotonic()
+            self._recorder.on_probe(replica_id, False, now, now - started)
             raise
-        self._recorder.on_probe(replica_id, True, time.monotonic())
+        now = time.monotonic()
+        self._recorder.on_probe(replica_id, True, now, now - started)
 
     async def wait_until_stopped(self, handle: SimHandle) -> None:
         await handle.stopped.wait()
@@ -164,6 +210,10 @@ class SimReplicaClient(RayReplicaClient):
         return None
 
     async def update_rank(self, handle: SimHandle, rank: int) -> None:
+        return None
+
+    async def update_health_timings(self, handle: SimHandle, period_s: float,
+                                    timeout_s: float) -> None:
         return None
 
     async def stop(self, handle: SimHandle, grace_s: float, extra_s: float) -> None:
@@ -178,6 +228,7 @@ class SimReplicaClient(RayReplicaClient):
         handle.host.stop_replica.remote(handle.init.replica_id)
 
     def _end(self, handle: SimHandle) -> None:
+        self._live.pop(handle.init.replica_id, None)
         handle.stopped.set()
         self._recorder.forget(handle.init.replica_id)
 
@@ -188,25 +239,37 @@ class SimShard(ControllerShard):
     def __init__(self, index: int, settings: dict, hosts: list, period_s: float) -> None:
         parsed = Settings.from_dict(settings)
         self._recorder = UpdateRecorder(stale_after_s(period_s))
-        client = SimReplicaClient(parsed.namespace, hosts, self._recorder)
-        self._core = ShardCore(index, parsed, client, SystemClock())
+        self._client = SimReplicaClient(parsed.namespace, hosts, self._recorder)
+        self._core = ShardCore(index, parsed, self._client, SystemClock())
         self._ingest_open = asyncio.Event()
         self._ingest_open.set()
         self._measure: tuple[float, float, Any] | None = None
+        self._gc_pauses: list[float] = []  # full (gen 2) collections: the loop stands still
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_pauses.append(time.perf_counter() - self._gc_started)
 
     async def report_metrics(self, key: tuple[str, str], report: Any) -> None:
         if not self._ingest_open.is_set():
             await self._ingest_open.wait()
         await super().report_metrics(key, report)
         if report.health is not None:
-            self._recorder.on_push(report.replica_id, report.health.checked_at, time.monotonic())
+            self._recorder.on_push(report.replica_id, report.health.checked_at, time.monotonic(),
+                                   time.time() - report.sent_at)
 
     async def report_health(self, key: tuple[str, str], replica_id: str,
                             health: PushedHealth) -> None:
         if not self._ingest_open.is_set():
             await self._ingest_open.wait()
         await super().report_health(key, replica_id, health)
-        self._recorder.on_push(replica_id, health.checked_at, time.monotonic())
+        self._recorder.on_push(replica_id, health.checked_at, time.monotonic(), 0.0)
 
     async def set_ingest_paused(self, paused: bool) -> None:
         """Test-only: hold arriving pushes (controller ingest lag) until un-paused."""
@@ -218,18 +281,24 @@ class SimShard(ControllerShard):
     async def measure_start(self) -> None:
         now = time.monotonic()
         self._recorder.start(now)
-        self._measure = (now, time.process_time(), self._core.status()["health"])
+        self._gc_pauses = []
+        self._measure = (now, time.process_time(), self._core.health_totals.statistics(now))
 
     async def measure_stop(self) -> dict:
         now, cpu_now = time.monotonic(), time.process_time()
         started, cpu_started, health_before = self._measure
         measured = self._recorder.stop(now)
-        health = self._core.status()["health"]
+        health = self._core.health_totals.statistics(time.monotonic())
         return {"wall_s": now - started, "cpu_s": cpu_now - cpu_started,
                 "updates": measured.updates, "misses": measured.misses, "rows": measured.rows,
                 "pull_probes": health.pull_probes_total - health_before.pull_probes_total,
                 "pushes": health.pushes_total - health_before.pushes_total,
-                "stall_episodes": health.stall_episodes_total - health_before.stall_episodes_total}
+                "stall_episodes": health.stall_episodes_total - health_before.stall_episodes_total,
+                "gc_full_collections": len(self._gc_pauses),
+                "gc_max_pause_s": max(self._gc_pauses, default=0.0)}
+
+    async def release_watches(self) -> None:
+        self._client.end_all()
 
     async def summary(self) -> dict:
         """O(1)-sized view for polling (status() lists every replica)."""
@@ -268,9 +337,9 @@ class SimFleet:
         host_cls = ray.remote(SimHost).options(num_cpus=0, max_concurrency=100_000,
                                                namespace=cfg.namespace)
         self.hosts = [host_cls.remote(cfg.push, seed=i) for i in range(n_hosts)]
-        settings = Settings(namespace=cfg.namespace,
-                            shard=ShardSettings(stall_episode_cap_s=cfg.stall_cap_s),
-                            replica=ReplicaSettings(metrics_report_interval_s=cfg.report_interval_s))
+        settings = Settings(
+            namespace=cfg.namespace, shard=ShardSettings(stall_episode_cap_s=cfg.stall_cap_s),
+            replica=ReplicaSettings(metrics_report_interval_s=cfg.report_interval_s))
         self.shard = ray.remote(SimShard).options(
             name=shard_actor_name(0), namespace=cfg.namespace, num_cpus=0,
             max_concurrency=100_000).remote(0, settings.to_dict(), self.hosts, cfg.period_s)
@@ -311,5 +380,6 @@ class SimFleet:
         return sum(ray.get([h.set_down.remote(replica_ids, down) for h in self.hosts]))
 
     def shutdown(self) -> None:
+        ray.get(self.shard.release_watches.remote())
         for actor in [self.shard, *self.hosts]:
             ray.kill(actor, no_restart=True)

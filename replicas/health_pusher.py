@@ -45,6 +45,12 @@ class HealthPusher:
         self._last_carry_at: float | None = None  # when that push was sent
         self._in_flight: list[PushedHealth] = []  # heartbeats sent, not yet done
 
+    def set_period(self, period_s: float) -> None:
+        """A redeploy changed health_check_period_s in place."""
+        if period_s <= 0:
+            raise ValueError(f"period_s must be > 0, got {period_s}")
+        self._period_s = period_s
+
     @property
     def reports_carry_health(self) -> bool:
         """True when metric reports alone keep the shard fresh (no routine heartbeats)."""

@@ -82,6 +82,13 @@ class SelfHealth:
         self._inflight: asyncio.Task | None = None  # the periodic check, if still running
         self._running = False
 
+    def set_timings(self, period_s: float, timeout_s: float) -> None:
+        """A redeploy changed health_check_period_s / _timeout_s in place: both apply from
+        the next evaluation (the failure count and the latch are kept)."""
+        if period_s <= 0 or timeout_s <= 0:
+            raise ValueError(f"need period_s > 0, timeout_s > 0; got {period_s}, {timeout_s}")
+        self._period_s, self._timeout_s = period_s, timeout_s
+
     @property
     def running(self) -> bool:
         """True while ``run_forever`` is active: remote probes are answered from cache."""

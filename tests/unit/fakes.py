@@ -1,11 +1,14 @@
 """Test doubles for the shard's seams, injected through constructors (never patched in).
 
 ``FakeReplicaClient`` has the methods of ``RayReplicaClient`` (create, initialize,
-check_health, reconfigure, update_rank, stop, kill) and no Ray. Every call is recorded in
-order. Each async call's outcome is chosen by the test, per method and optionally per
-replica: ``OK`` (the default), an exception instance to raise (``ReplicaDied``,
-``ReplicaCallFailed``), or ``HOLD``, which parks the call on a future until the test calls
-``release``/``fail``. Like the real client, ``stop`` never raises and always ends killed.
+check_health, wait_until_stopped, update_health_timings, reconfigure, update_rank, stop,
+kill) and no Ray. Every call is recorded in order. Each async call's outcome is chosen by
+the test, per method and optionally per replica: ``OK`` (the default), an exception
+instance to raise (``ReplicaDied``, ``ReplicaCallFailed``), or ``HOLD``, which parks the
+call on a future until the test calls ``release``/``fail``. Like the real client, ``stop`` never raises and always
+ends killed. ``wait_until_stopped`` (the shard's death watch) stays pending until the
+replica is stopped or killed, or until the test calls ``crash``, which fails it with
+``ReplicaDied`` as Ray does when an actor dies.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.replica_client import ReplicaDied
 from controlplane.specs import DeploymentSpec
 from replicas.replica import ReplicaInit
 
 OK = "ok"
 HOLD = "hold"
-ASYNC_METHODS = ("initialize", "check_health", "reconfigure", "update_rank", "stop")
+ASYNC_METHODS = ("initialize", "check_health", "reconfigure", "update_rank", "stop",
+                 "update_health_timings")
 
 
 @dataclass
@@ -49,6 +54,7 @@ class FakeReplicaClient:
         self.calls: list[Call] = []
         self._outcomes: dict[tuple[str, str | None], Any] = {}
         self._held: dict[tuple[str, str], asyncio.Future] = {}
+        self._watches: dict[str, asyncio.Future] = {}  # replica id -> pending death watch
 
     # ---- test controls --------------------------------------------------------------
     def set_outcome(self, method: str, outcome: Any, replica_id: str | None = None) -> None:
@@ -72,6 +78,13 @@ class FakeReplicaClient:
     def release_all(self, method: str) -> None:
         for replica_id in self.held(method):
             self.release(method, replica_id)
+
+    def crash(self, replica_id: str, message: str = "actor died") -> None:
+        """The replica's process dies: its pending death watch fails with ReplicaDied."""
+        self.handles[replica_id].killed = True
+        watch = self._watches.pop(replica_id, None)
+        if watch is not None and not watch.done():
+            watch.set_exception(ReplicaDied(message))
 
     # ---- reads for assertions ---------------------------------------------------------
     def calls_to(self, method: str) -> list[Call]:
@@ -100,9 +113,22 @@ class FakeReplicaClient:
     async def check_health(self, handle: FakeHandle, timeout_s: float) -> None:
         await self._outcome("check_health", handle, (timeout_s,))
 
+    async def wait_until_stopped(self, handle: FakeHandle) -> None:
+        rid = handle.replica_id
+        self.calls.append(Call("wait_until_stopped", rid))
+        if handle.killed:
+            raise ReplicaDied("actor died")
+        watch = asyncio.get_running_loop().create_future()
+        self._watches[rid] = watch
+        await watch
+
     async def reconfigure(self, handle: FakeHandle, user_config: Any, timeout_s: float) -> None:
         await self._outcome("reconfigure", handle, (user_config, timeout_s))
         handle.user_config = user_config
+
+    async def update_health_timings(self, handle: FakeHandle, period_s: float,
+                                    timeout_s: float) -> None:
+        await self._outcome("update_health_timings", handle, (period_s, timeout_s))
 
     async def update_rank(self, handle: FakeHandle, rank: int) -> None:
         await self._outcome("update_rank", handle, (rank,))
@@ -113,11 +139,18 @@ class FakeReplicaClient:
             await self._outcome("stop", handle, (grace_s, extra_s))
         except Exception:
             pass  # the real client kills the actor anyway
-        handle.killed = True
+        self._end_watch(handle)
 
     def kill(self, handle: FakeHandle) -> None:
         self.calls.append(Call("kill", handle.replica_id))
+        self._end_watch(handle)
+
+    def _end_watch(self, handle: FakeHandle) -> None:
+        """Stopped or killed by the shard: the death watch returns (asked to stop)."""
         handle.killed = True
+        watch = self._watches.pop(handle.replica_id, None)
+        if watch is not None and not watch.done():
+            watch.set_result(None)
 
     async def _outcome(self, method: str, handle: FakeHandle, args: tuple) -> None:
         rid = handle.replica_id

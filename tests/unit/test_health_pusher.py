@@ -136,3 +136,13 @@ def test_done_for_an_unknown_payload_is_ignored_and_bad_settings_raise():
         pusher.heartbeat_payload(snap(None))
     with pytest.raises(ValueError):
         HealthPusher(period_s=0.0, report_interval_s=1.0)
+
+
+def test_a_new_period_changes_whether_reports_carry_health():
+    pusher = HealthPusher(period_s=10.0, report_interval_s=5.0)
+    assert pusher.reports_carry_health
+    pusher.set_period(2.0)  # redeployed with a shorter period: heartbeats fill the gap
+    assert not pusher.reports_carry_health
+    assert pusher.should_heartbeat(snap(T0), T0)
+    with pytest.raises(ValueError):
+        pusher.set_period(0.0)

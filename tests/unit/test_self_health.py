@@ -340,3 +340,20 @@ def test_health_check_failed_pickles_and_bad_settings_raise():
     assert err.message == "boom"
     with pytest.raises(ValueError):
         SelfHealth(UserCheck(FakeClock()), period_s=0, timeout_s=1, clock=FakeClock())
+
+
+def test_new_timings_apply_from_the_next_evaluation():
+    async def main():
+        clock, timers, check = setup()
+        health = make(clock, check, timers)
+        task = asyncio.get_running_loop().create_task(health.run_forever())
+        await timers.advance(5.0)
+        health.set_timings(period_s=2.0, timeout_s=1.0)  # redeployed in place
+        await timers.advance(7.0)  # the wait already armed ends at T0+10, then every 1 s
+        assert check.calls == [T0, T0 + 5, T0 + 10, T0 + 11, T0 + 12]
+        with pytest.raises(ValueError):
+            health.set_timings(period_s=0.0, timeout_s=1.0)
+        task.cancel()
+        await settle()
+
+    run(main())
