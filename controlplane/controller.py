@@ -20,6 +20,7 @@ from ray.experimental import internal_kv
 
 from controlplane.config import config_to_dict, parse_deploy_config
 from controlplane.errors import DeployRejected
+from controlplane.health_stats import merge_all
 from controlplane.long_poll import LongPollHost
 from controlplane.proxy_fleet import ProxyFleet
 from controlplane.routing_client import ROUTES_KEY
@@ -132,6 +133,11 @@ class Controller:
     async def listen_routes(self, known: dict, timeout_s: float = 30.0) -> dict:
         """Long-poll for proxies and handles: route prefixes and the shard count."""
         return await self._routes.listen(known, watch_all=True, timeout_s=timeout_s)
+
+    async def health(self) -> dict:
+        """``controller.health`` alone (for the proxies' /metrics)."""
+        stats = await asyncio.gather(*(s.health.remote() for s in self._shards))
+        return merge_all(stats).as_json()
 
     async def status(self) -> dict:
         await self.ready()

@@ -104,6 +104,9 @@ class ShardCore:
         self.ticks += 1
         self.last_tick_s = time.perf_counter() - started
 
+    def now(self) -> float:
+        return self._clock.monotonic()
+
     def deployment(self, dep_id: DeploymentId) -> DeploymentState | None:
         return self._deployments.get(dep_id)
 
@@ -158,6 +161,10 @@ class ControllerShard:
 
     async def status(self) -> dict:
         return self._core.status()
+
+    async def health(self) -> Any:
+        """Push-health figures alone: cheap, for /metrics scrapes."""
+        return self._core.health_totals.statistics(self._core.now())
 
     async def listen_routing(self, known: dict, watch_all: bool = False,
                              timeout_s: float = 30.0) -> dict:

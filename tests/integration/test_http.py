@@ -111,6 +111,10 @@ def test_healthz_and_metrics(http_apps):
     metrics = get("/metrics").text
     assert 'fleetplane_http_requests_total{deployment="web/HttpModel"' in metrics
     assert "fleetplane_http_request_latency_seconds_bucket" in metrics
+    # The controller's push-health figures ride along (issue 4).
+    assert "fleetplane_health_pushes_total" in metrics
+    assert "fleetplane_health_pull_probes_total" in metrics
+    assert 'fleetplane_health_self_check_interval_seconds{quantile="p50"}' in metrics
 
 
 def test_no_running_replicas_is_an_immediate_503(http_apps):
