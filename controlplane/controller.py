@@ -149,13 +149,14 @@ class Controller:
     async def shutdown(self, timeout_s: float = 60.0) -> dict:
         """Drain and stop every replica and shard, and forget the checkpoint."""
         async with self._lock:
-            drained = await asyncio.gather(*(s.shutdown.remote(timeout_s) for s in self._shards))
+            drained = await asyncio.gather(*(s.shutdown.remote(timeout_s) for s in self._shards),
+                                           return_exceptions=True)
             for shard in self._shards:
                 ray.kill(shard, no_restart=True)
             await self._proxies.shutdown()
             internal_kv._internal_kv_del(self._settings.checkpoint_key)
             self._shards, self._specs, self._config = [], {}, None
-            return {"drained": all(drained)}
+            return {"drained": all(d is True for d in drained)}
 
 
 # max_calls=1: a fresh worker per build, so a re-deploy imports the user's edited code.

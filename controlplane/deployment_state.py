@@ -98,8 +98,11 @@ class DeploymentState:
         if cfg is None:
             self._policy = None
             return
+        old = self._policy
         self._policy = AutoscalingPolicy.from_config({k: cfg[k] for k in _POLICY_KEYS if k in cfg})
-        self._metrics = MetricWindow(look_back_period_s=self._policy.look_back_period_s)
+        if old is None or old.look_back_period_s != self._policy.look_back_period_s:
+            # Only a new look-back needs a new window: a redeploy keeps the load history.
+            self._metrics = MetricWindow(look_back_period_s=self._policy.look_back_period_s)
 
     def delete(self) -> None:
         self.deleting = True

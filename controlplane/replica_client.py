@@ -88,4 +88,7 @@ class RayReplicaClient:
         ray.kill(handle, no_restart=True)
 
     def kill(self, handle: Any) -> None:
-        ray.kill(handle, no_restart=True)
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # already gone: nothing to kill
+            pass

@@ -24,20 +24,24 @@ from controlplane.health_gate import ProbeOutcome, ProbeResult
 from controlplane.lifecycle import SERVING_STATES, ReplicaEvent, ReplicaState
 from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, replica_actor_name
 from controlplane.replica_set import ReplicaRecord
+from controlplane.settings import ReplicaSettings
 from replicas.replica import ReplicaInit
 
 logger = logging.getLogger(__name__)
 
+_NAME_TRIES = 100  # names skipped when detached actors of an earlier shard still hold them
+
 
 class ReplicaOps:
     def __init__(self, state: Any, client: Any, clock: Clock, shard_name: str,
-                 namespace: str, metrics_report_interval_s: float) -> None:
+                 namespace: str, replica_settings: ReplicaSettings = ReplicaSettings()) -> None:
         self._d = state
         self._client = client
         self._clock = clock
         self._shard_name = shard_name
         self._namespace = namespace
-        self._report_interval_s = metrics_report_interval_s
+        self._report_interval_s = replica_settings.metrics_report_interval_s
+        self._drain_min_s = replica_settings.drain_min_s
 
     def _event(self, replica_id: str, event: ReplicaEvent, expect: ReplicaState | None = None,
                **changes: Any) -> ReplicaRecord | None:
@@ -62,32 +66,50 @@ class ReplicaOps:
     # ---- start ------------------------------------------------------------------------------
     def start(self, now: float) -> None:
         d, spec = self._d, self._d.spec
-        replica_id = f"{spec.id.app}#{spec.id.name}#{d.next_seq}"
-        d.next_seq += 1
-        rank = d.ranks.assign(replica_id)
-        init = ReplicaInit(
+        for _ in range(_NAME_TRIES):
+            replica_id = f"{spec.id.app}#{spec.id.name}#{d.next_seq}"
+            d.next_seq += 1
+            try:
+                handle = self._client.create(self._init_for(replica_id), spec)
+                break
+            except ValueError as e:  # the name is held by an actor from an earlier shard
+                d.ranks.release(replica_id)
+                logger.warning("replica name %s is taken (%s); using the next", replica_id, e)
+            except Exception as e:  # scheduling refused (bad resources...): back off
+                d.ranks.release(replica_id)
+                self._count_start_failure(replica_id, f"{type(e).__name__}: {e}")
+                return
+        else:
+            self._count_start_failure(replica_id, f"{_NAME_TRIES} replica names were taken")
+            return
+        d.replicas.add(ReplicaRecord(replica_id=replica_id, state=ReplicaState.STARTING,
+                                     version=spec.code_version, rank=d.ranks.rank_of(replica_id),
+                                     started_at=now, actor_name=replica_actor_name(replica_id)))
+        d.config_versions[replica_id] = spec.user_config_version
+        d.handles[replica_id] = handle
+        d.spawn(self._wait_started(replica_id, handle))
+
+    def _init_for(self, replica_id: str) -> ReplicaInit:
+        d, spec = self._d, self._d.spec
+        return ReplicaInit(
             replica_id=replica_id, app_name=spec.id.app, deployment=spec.id.name,
-            serialized_def=spec.serialized_def, user_config=spec.user_config, rank=rank,
-            max_ongoing_requests=spec.max_ongoing_requests, shard_name=self._shard_name,
-            namespace=self._namespace, metrics_report_interval_s=self._report_interval_s,
+            serialized_def=spec.serialized_def, user_config=spec.user_config,
+            rank=d.ranks.assign(replica_id), max_ongoing_requests=spec.max_ongoing_requests,
+            shard_name=self._shard_name, namespace=self._namespace,
+            metrics_report_interval_s=self._report_interval_s,
+            drain_min_s=self._drain_min_s,
             health_check_period_s=spec.health_check_period_s,
             health_check_timeout_s=spec.health_check_timeout_s,
             unhealthy_threshold=d.settings.unhealthy_threshold)
-        d.replicas.add(ReplicaRecord(replica_id=replica_id, state=ReplicaState.STARTING,
-                                     version=spec.code_version, rank=rank, started_at=now,
-                                     actor_name=replica_actor_name(replica_id)))
-        d.config_versions[replica_id] = spec.user_config_version
-        handle = self._client.create(init, spec)
-        d.handles[replica_id] = handle
-        d.spawn(self._wait_started(replica_id, handle))
 
     async def _wait_started(self, replica_id: str, handle: Any) -> None:
         d = self._d
         try:
             info = await self._client.initialize(handle, d.settings.replica_start_timeout_s)
-        except (ReplicaDied, ReplicaCallFailed) as e:
+        except Exception as e:  # any failure to start, typed or not, must end STARTING
             self._client.kill(handle)
-            self._start_failed(replica_id, str(e))
+            self._start_failed(replica_id, str(e) if isinstance(e, (ReplicaDied, ReplicaCallFailed))
+                               else f"{type(e).__name__}: {e}")
             return
         record = self._event(replica_id, ReplicaEvent.STARTED, expect=ReplicaState.STARTING,
                              actor_id=info.get("actor_id"),
@@ -101,9 +123,13 @@ class ReplicaOps:
         d.spawn(self._watch_death(replica_id, handle))
 
     def _start_failed(self, replica_id: str, message: str) -> None:
-        d, settings = self._d, self._d.settings
         if self._event(replica_id, ReplicaEvent.START_FAILED, expect=ReplicaState.STARTING) is None:
             return  # stopped while starting (scale-down or redeploy): not a failure
+        self._count_start_failure(replica_id, message)
+
+    def _count_start_failure(self, replica_id: str, message: str) -> None:
+        d, settings = self._d, self._d.settings
+        d.mark_dirty()
         d.start_failures += 1
         d.last_error = f"replica {replica_id} failed to start:\n{message}"
         delay = min(settings.start_backoff_initial_s * 2 ** (d.start_failures - 1),
@@ -126,10 +152,12 @@ class ReplicaOps:
 
     async def _wait_stopped(self, replica_id: str, handle: Any) -> None:
         d = self._d
-        if handle is not None:
-            await self._client.stop(handle, d.spec.graceful_shutdown_timeout_s,
-                                    d.settings.stop_grace_extra_s)
-        self._event(replica_id, ReplicaEvent.STOPPED)
+        try:
+            if handle is not None:
+                await self._client.stop(handle, d.spec.graceful_shutdown_timeout_s,
+                                        d.settings.stop_grace_extra_s)
+        finally:  # whatever happened, the record must not stay STOPPING
+            self._event(replica_id, ReplicaEvent.STOPPED)
 
     # ---- reconfigure, ranks, health ----------------------------------------------------------
     def reconfigure(self, replica_id: str) -> None:
@@ -147,7 +175,7 @@ class ReplicaOps:
         except ReplicaDied as e:
             self._event(replica_id, ReplicaEvent.DIED, message=str(e))
             return
-        except ReplicaCallFailed as e:
+        except Exception as e:  # ReplicaCallFailed, or anything untyped
             record = d.replicas.get(replica_id)
             if record is not None and record.state == ReplicaState.UPDATING:
                 d.last_error = f"reconfigure of {replica_id} failed:\n{e}"

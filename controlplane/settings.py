@@ -28,6 +28,9 @@ class ShardSettings:
 @dataclass(frozen=True)
 class ReplicaSettings:
     metrics_report_interval_s: float = 1.0  # replica -> shard metric reports
+    # A stopping replica keeps serving this long first: routers learn it is leaving by
+    # long-poll, and requests already sent to it still arrive (no 502 on scale-down).
+    drain_min_s: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ class ShardCore:
         return DeploymentState(
             spec, self._settings.shard, self._spawn,
             lambda d: ReplicaOps(d, self._client, self._clock, name, self._settings.namespace,
-                                 self._settings.replica.metrics_report_interval_s),
+                                 self._settings.replica),
             totals=self.health_totals)
 
     def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
@@ -93,7 +93,11 @@ class ShardCore:
         started = time.perf_counter()
         now = self._clock.monotonic()
         for dep_id, state in list(self._deployments.items()):
-            state.tick(now)
+            try:
+                state.tick(now)
+            except Exception:  # one deployment's bug must not stall the others
+                logger.exception("shard %d: tick of %s failed", self.index, dep_id)
+                continue
             if state.finished_deleting:
                 del self._deployments[dep_id]
                 self.routing.remove(str(dep_id))
@@ -139,7 +143,11 @@ class ShardCore:
         deadline = self._clock.monotonic() + timeout_s
         while self._deployments and self._clock.monotonic() < deadline:
             await asyncio.sleep(self._settings.shard.tick_interval_s)
-        return not self._deployments
+        drained = not self._deployments
+        for state in self._deployments.values():  # past the deadline: no replica outlives us
+            for handle in state.handles.values():
+                self._client.kill(handle)
+        return drained
 
 
 class ControllerShard:

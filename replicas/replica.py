@@ -53,6 +53,7 @@ class ReplicaInit:
     health_check_period_s: float = 10.0
     health_check_timeout_s: float = 30.0
     unhealthy_threshold: int = 3
+    drain_min_s: float = 1.0  # ReplicaSettings.drain_min_s
 
 
 class Replica(ReplicaHealthMixin):
@@ -166,14 +167,24 @@ class Replica(ReplicaHealthMixin):
         return self._ongoing + self._queued
 
     async def prepare_for_shutdown(self, timeout_s: float) -> None:
-        """Stop self-health, wait (up to timeout_s) for in-flight requests, then stop
-        reporting."""
+        """Drain within one timeout_s budget, in phases:
+        1. keep serving for ``drain_min_s``: routers learn by long-poll that this replica
+           is stopping, and requests they already sent here still arrive;
+        2. wait for in-flight requests to finish;
+        3. run the user's clean-up hook (``__del__``), then stop reporting."""
+        deadline = time.monotonic() + timeout_s
         self._stop_health()
+        await asyncio.sleep(min(self._init.drain_min_s, timeout_s))
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             logger.warning("graceful shutdown: %d request(s) still running after %.1fs",
                            self._ongoing + self._queued, timeout_s)
+        try:
+            if self._user is not None:
+                await self._user.shutdown()
+        except Exception:
+            logger.exception("the deployment's __del__ raised during shutdown")
         if self._reporter is not None:
             self._reporter.cancel()
 

@@ -65,3 +65,9 @@ class UserCallable:
                                 "reconfigure(user_config) method; add one or drop user_config")
             return
         await call_maybe_async(fn, user_config)
+
+    async def shutdown(self) -> None:
+        """Ray Serve's clean-up hook: a user class's ``__del__``, called once on a
+        graceful stop (before the actor is killed, which would skip it)."""
+        if self._instance is not None and "__del__" in dir(type(self._instance)):
+            await call_maybe_async(self._instance.__del__)

@@ -158,6 +158,9 @@ class VLLMServer:
         """Close the HTTP session to the engine (sessions belong to one event loop)."""
         await self._client.close()
 
+    def __del__(self) -> None:  # Serve's clean-up hook: the replica calls it on a stop
+        self.shutdown()
+
     def shutdown(self) -> None:
         """Stop the health task and the engine (idempotent; the replica may call it).
 

@@ -57,6 +57,13 @@ class FakeReplicaClient:
         self._watches: dict[str, asyncio.Future] = {}  # replica id -> pending death watch
 
     # ---- test controls --------------------------------------------------------------
+    @property
+    def create_errors(self) -> dict[str, Exception]:
+        """Replica id -> the error ``create`` raises once for it."""
+        if not hasattr(self, "_create_errors"):
+            self._create_errors: dict[str, Exception] = {}
+        return self._create_errors
+
     def set_outcome(self, method: str, outcome: Any, replica_id: str | None = None) -> None:
         """OK, HOLD or an exception for ``method``; for one replica, or the default."""
         assert method in ASYNC_METHODS, method
@@ -100,6 +107,10 @@ class FakeReplicaClient:
     # ---- the RayReplicaClient interface -------------------------------------------------
     def create(self, init: ReplicaInit, spec: DeploymentSpec) -> FakeHandle:
         rid = init.replica_id
+        refusal = self.create_errors.pop(rid, None)
+        if refusal is not None:  # as Ray refuses a taken name or unschedulable options
+            self.calls.append(Call("create_refused", rid, (init.rank,)))
+            raise refusal
         assert rid not in self.handles, f"replica id {rid!r} created twice"
         self.calls.append(Call("create", rid, (init.rank, spec.code_version)))
         handle = FakeHandle(rid, init, spec, self.node_id, init.rank, init.user_config)

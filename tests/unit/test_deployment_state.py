@@ -511,7 +511,7 @@ def test_steady_state_ticks_do_not_plan_or_walk_replicas():
 
         settings = ShardSettings()
         state = DeploymentState(make_spec(5), settings, spawn, lambda d: ReplicaOps(
-            d, client, clock, "shard_0", "ns", metrics_report_interval_s=1.0))
+            d, client, clock, "shard_0", "ns"))
         for _ in range(4):
             state.tick(clock.monotonic())
             await asyncio.sleep(0)

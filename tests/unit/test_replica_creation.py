@@ -1,0 +1,35 @@
+"""Creating a replica actor can fail before any record exists: a detached actor of an
+earlier shard still holds the name, or Ray refuses the options. Neither may leave a
+replica stuck in STARTING."""
+
+from __future__ import annotations
+
+from tests.unit.test_deployment_state import DEP, Shard, make_spec, run
+
+
+def test_a_taken_name_is_skipped_and_the_next_name_is_used():
+    async def scenario():
+        shard = Shard()
+        shard.client.create_errors[f"{DEP.app}#{DEP.name}#0"] = ValueError("name is taken")
+        await shard.deploy(make_spec(2))
+        status = shard.status()
+        assert status["status"] == "HEALTHY"
+        assert sorted(r["replica_id"] for r in status["replicas"]) == [
+            f"{DEP.app}#{DEP.name}#1", f"{DEP.app}#{DEP.name}#2"]
+        assert sorted(shard.serving_ranks().values()) == [0, 1]
+        assert shard.core.deployment(DEP).start_failures == 0
+    run(scenario)
+
+
+def test_a_refused_creation_counts_as_a_start_failure_and_backs_off():
+    async def scenario():
+        shard = Shard()
+        shard.client.create_errors[f"{DEP.app}#{DEP.name}#0"] = RuntimeError("no such resource")
+        await shard.deploy(make_spec(1))
+        assert shard.status()["replicas"] == []  # nothing left STARTING
+        assert "no such resource" in shard.core.deployment(DEP).last_error
+        assert shard.client.created == []
+        await shard.advance(shard.settings.shard.start_backoff_initial_s)
+        assert shard.status()["status"] == "HEALTHY"
+        assert shard.client.created == [f"{DEP.app}#{DEP.name}#1"]
+    run(scenario)
