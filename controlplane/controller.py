@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 import ray
+import ray.cloudpickle as cloudpickle
 from ray.exceptions import RayTaskError
 from ray.experimental import internal_kv
 
@@ -54,7 +55,8 @@ class Controller:
                 saved = internal_kv._internal_kv_get(self._settings.checkpoint_key)
                 if saved:
                     logger.info("controller: resuming from checkpoint")
-                    await self._apply(json.loads(saved))
+                    config, specs = cloudpickle.loads(saved)
+                    await self._commit(config, specs)
         return {"generation": self._generation, "num_shards": len(self._shards)}
 
     async def deploy(self, config: dict) -> dict:
@@ -72,15 +74,22 @@ class Controller:
                 f"{len(self._shards)} or run `fleetplane shutdown` first")
         normalized = config_to_dict(cfg)
         specs = await self._build_all(normalized["applications"])  # raises: nothing changed
+        return await self._commit(normalized, specs, checkpoint=True)
+
+    async def _commit(self, normalized: dict, specs: list[DeploymentSpec],
+                      checkpoint: bool = False) -> dict:
+        num_shards = normalized["controller_options"]["num_shards"]
         await self._proxies.ensure(normalized["http_options"])  # raises: nothing changed
-        internal_kv._internal_kv_put(self._settings.checkpoint_key, json.dumps(normalized),
-                                     overwrite=True)
+        if checkpoint:
+            # The built specs are checkpointed, not only the config: a restarted controller
+            # resumes exactly what was deployed, without re-importing code edited since.
+            internal_kv._internal_kv_put(self._settings.checkpoint_key,
+                                         cloudpickle.dumps((normalized, specs)), overwrite=True)
         self._ensure_shards(num_shards)
-        old = self._specs
         self._specs = {s.id: s for s in specs}
         self._config = normalized
         self._generation += 1
-        await self._push(old)
+        await self._push()
         self._routes.publish(ROUTES_KEY, {
             "num_shards": num_shards, "generation": self._generation,
             "routes": {s.route_prefix: str(s.id) for s in specs
@@ -119,15 +128,14 @@ class Controller:
             num_cpus=0, get_if_exists=True, max_concurrency=10_000,
         ).remote(i, self._settings_dict) for i in range(num_shards)]
 
-    async def _push(self, old: dict[DeploymentId, DeploymentSpec]) -> None:
+    async def _push(self) -> None:
+        """Level-based: each shard gets its whole desired set and deletes what is not in
+        it, so a push that failed part-way is repaired by the next one."""
         k = len(self._shards)
         per_shard: list[list[DeploymentSpec]] = [[] for _ in range(k)]
-        deleted: list[list[DeploymentId]] = [[] for _ in range(k)]
         for spec in self._specs.values():
             per_shard[shard_of(spec.id, k)].append(spec)
-        for dep_id in old.keys() - self._specs.keys():
-            deleted[shard_of(dep_id, k)].append(dep_id)
-        await asyncio.gather(*(shard.apply.remote(per_shard[i], deleted[i])
+        await asyncio.gather(*(shard.set_desired.remote(per_shard[i])
                                for i, shard in enumerate(self._shards)))
 
     async def listen_routes(self, known: dict, timeout_s: float = 30.0) -> dict:

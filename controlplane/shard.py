@@ -76,6 +76,11 @@ class ShardCore:
                 self._deployments[dep_id].delete()
         self.ensure_running()
 
+    def set_desired(self, specs: list[DeploymentSpec]) -> None:
+        """The whole desired set of this shard: owned deployments not in it are deleted."""
+        wanted = {spec.id for spec in specs}
+        self.apply(specs, [dep_id for dep_id in self._deployments if dep_id not in wanted])
+
     def ensure_running(self) -> None:
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._run_forever())
@@ -159,6 +164,9 @@ class ControllerShard:
 
     async def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
         self._core.apply(specs, deleted)
+
+    async def set_desired(self, specs: list[DeploymentSpec]) -> None:
+        self._core.set_desired(specs)
 
     async def report_metrics(self, key: tuple[str, str], report: Any) -> None:
         self._core.report_metrics(key, report)

@@ -33,3 +33,18 @@ def test_a_refused_creation_counts_as_a_start_failure_and_backs_off():
         assert shard.status()["status"] == "HEALTHY"
         assert shard.client.created == [f"{DEP.app}#{DEP.name}#1"]
     run(scenario)
+
+
+def test_set_desired_deletes_what_it_leaves_out_and_is_idempotent():
+    async def scenario():
+        shard = Shard()
+        shard.core.set_desired([make_spec(2)])
+        await shard.step(3)
+        assert shard.status()["status"] == "HEALTHY"
+        shard.core.set_desired([make_spec(2)])  # the same push again changes nothing
+        await shard.step(3)
+        assert len(shard.client.created) == 2
+        shard.core.set_desired([])  # a level-based push without it: deleted
+        await shard.step(5)
+        assert shard.status() is None
+    run(scenario)
