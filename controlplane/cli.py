@@ -85,11 +85,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     import ray
 
     start = time.monotonic()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     if args.address:
         connect(args.address)
     else:
         start_local_ray()
+    # After ray.init, which installs a SIGTERM handler of its own that exits at once:
+    # SIGTERM must drain like Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     _say(start, f"Ray ready ({'joined ' + args.address if args.address else 'embedded, local'})")
     client = Client()
     deployed = False

@@ -77,7 +77,11 @@ class Client:
 
     def shutdown(self, timeout_s: float = 60.0) -> dict:
         controller = self.controller()
-        result = _unwrap(lambda: ray.get(controller.shutdown.remote(timeout_s)))
+        try:  # bounded: a Ray that is itself going down must not hang the exit
+            result = _unwrap(lambda: ray.get(controller.shutdown.remote(timeout_s),
+                                             timeout=timeout_s + 30))
+        except ray.exceptions.GetTimeoutError:
+            result = {"drained": False}
         ray.kill(controller, no_restart=True)
         return result
 
