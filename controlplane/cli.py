@@ -82,7 +82,6 @@ class _Progress:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_deploy_config(args.config)  # before Ray starts: a bad file costs nothing
     from controlplane.client import Client, connect, start_local_ray
-    import ray
 
     start = time.monotonic()
     if args.address:

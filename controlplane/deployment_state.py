@@ -20,7 +20,7 @@ from typing import Any, Callable, Coroutine
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
 from controlplane.health_gate import ProbeOutcome
 from controlplane.health_stats import HealthTotals
-from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, ReplicaState
+from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent
 from controlplane.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
                                       ProbeReplica, ReplicaCrashed)
 from controlplane.push_registry import PushedHealth

@@ -122,7 +122,7 @@ def main() -> None:
     pq.write_table(pa.Table.from_pylist(records), path)
     print(f"\nwrk -t1 -c{args.connections} -d{args.duration_s}s, medians of {args.runs} runs, "
           f"loopback; machine: {describe_line()}")
-    print(f"| system | requests/s | p50 ms | p99 ms |\n|---|---|---|---|")
+    print("| system | requests/s | p50 ms | p99 ms |\n|---|---|---|---|")
     for system in SYSTEMS:
         rows = [r for r in records if r["system"] == system]
         med = lambda k: statistics.median(r[k] for r in rows)

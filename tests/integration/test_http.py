@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest

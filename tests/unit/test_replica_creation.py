@@ -4,7 +4,7 @@ replica stuck in STARTING."""
 
 from __future__ import annotations
 
-from tests.unit.test_deployment_state import DEP, Shard, make_spec, run
+from tests.unit.shard_harness import DEP, Shard, make_spec, run
 
 
 def test_a_taken_name_is_skipped_and_the_next_name_is_used():

@@ -14,7 +14,7 @@ from controlplane.autoscaling import MetricReport
 from controlplane.push_registry import PushedHealth
 from controlplane.replica_client import ReplicaCallFailed
 from controlplane.stall_guard import STALL_MIN_TRACKED
-from tests.unit.test_deployment_state import DEP, Shard, make_spec, run
+from tests.unit.shard_harness import DEP, Shard, make_spec, run
 
 KEY = (DEP.app, DEP.name)
 PERIOD = make_spec().health_check_period_s  # 10 s
