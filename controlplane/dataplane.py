@@ -126,7 +126,7 @@ class RouterSet:
         if router is None or router.num_replicas == 0:
             # Waiting would hang the client for as long as none run (starting, failed to
             # deploy, all dead): answer at once, with the same hint a rejection gives.
-            await _plain(send, 503, f"deployment {key} has no running replicas",
+            await respond(send, 503, f"deployment {key} has no running replicas",
                          [(b"retry-after", b"1")])
             return 503, None
         try:
@@ -134,10 +134,10 @@ class RouterSet:
                 return await self._stream(replica, data, send), None
         except BackpressureError as e:
             headers = [(k.lower().encode(), v.encode()) for k, v in e.headers().items()]
-            await _plain(send, e.status_code, str(e), headers)
+            await respond(send, e.status_code, str(e), headers)
             return e.status_code, e
         except (ReplicaUnavailableError, RouterClosedError) as e:
-            await _plain(send, e.status_code, str(e))  # only raised before the head
+            await respond(send, e.status_code, str(e))  # only raised before the head
             return e.status_code, None
 
     async def _stream(self, replica: ReplicaInfo, data: Any, send: Any) -> int:
@@ -187,16 +187,18 @@ async def _user_error(send: Any, error: RayTaskError) -> int:
     if isinstance(error.cause, BackpressureError):
         cause = error.cause
         headers = [(k.lower().encode(), v.encode()) for k, v in cause.headers().items()]
-        await _plain(send, cause.status_code, str(cause), headers)
+        await respond(send, cause.status_code, str(cause), headers)
         return cause.status_code
-    await _plain(send, 500, f"the deployment raised {user_error_text(error)}")
+    await respond(send, 500, f"the deployment raised {user_error_text(error)}")
     return 500
 
 
-async def _plain(send: Any, status: int, text: str,
-                 headers: list[tuple[bytes, bytes]] = ()) -> None:
-    body = text.encode()
+async def respond(send: Any, status: int, body: bytes | str,
+                  headers: list[tuple[bytes, bytes]] = (),
+                  content_type: bytes = b"text/plain; charset=utf-8") -> None:
+    """A complete, non-streamed ASGI response."""
+    body = body.encode() if isinstance(body, str) else body
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                "headers": [(b"content-type", content_type),
                             (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})

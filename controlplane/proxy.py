@@ -23,7 +23,7 @@ import ray
 import uvicorn
 
 from controlplane.clock import SystemClock
-from controlplane.dataplane import RouterSet, StreamAborted
+from controlplane.dataplane import RouterSet, StreamAborted, respond
 from controlplane.proxy_metrics import ProxyMetrics
 from controlplane.route_table import RouteTable
 from controlplane.routing_client import RoutingSubscriber
@@ -51,14 +51,6 @@ async def _read_body(receive: Any) -> bytes:
 async def _wait_disconnect(receive: Any) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _respond(send: Any, status: int, body: bytes,
-                   content_type: bytes = b"text/plain; charset=utf-8") -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 async def _unless_disconnected(work: Any, receive: Any) -> Any:
@@ -98,9 +90,9 @@ class ProxyApp:
         path = scope["path"]
         if path == "/-/healthz":
             ok = self.has_routes
-            await _respond(send, 200 if ok else 503, b"success" if ok else b"no route table yet")
+            await respond(send, 200 if ok else 503, b"success" if ok else b"no route table yet")
         elif path == "/-/routes":
-            await _respond(send, 200, json.dumps(self.table.routes).encode(), b"application/json")
+            await respond(send, 200, json.dumps(self.table.routes), content_type=b"application/json")
         elif path == "/metrics":
             if self._fetch_health is not None:
                 try:  # one small RPC per scrape, never per request
@@ -109,7 +101,7 @@ class ProxyApp:
                 except Exception as e:  # keep the last figures; the rest still renders
                     logger.info("controller health for /metrics unavailable: %r", e)
             body, kind = self.metrics.render()
-            await _respond(send, 200, body, kind.encode())
+            await respond(send, 200, body, content_type=kind.encode())
         else:
             await self._forward(scope, receive, send)
 
@@ -117,7 +109,7 @@ class ProxyApp:
         started = time.perf_counter()
         match = self.table.match(scope["path"])
         if match is None:
-            await _respond(send, 404, f"no route for {scope['path']}".encode())
+            await respond(send, 404, f"no route for {scope['path']}".encode())
             self.metrics.observe("", "", 404, time.perf_counter() - started)
             return
         prefix, dep_key = match
