@@ -101,17 +101,18 @@ class RouterSet:
                                                  self._settings)
         router.apply_routing_update(payload)
 
-    def get(self, key: str) -> Router | None:
-        return self._routers.get(key)
-
-    def statistics(self) -> list:
-        return [r.statistics() for r in self._routers.values()]
+    def _placeable(self, key: str) -> Router | None:
+        """The deployment's router, or None while it has no running replica: waiting
+        would hang the caller for as long as none run (starting, failed to deploy, all
+        dead), so HTTP and handle callers alike are answered at once."""
+        router = self._routers.get(key)
+        return router if router is not None and router.num_replicas > 0 else None
 
     async def call(self, key: str, method: str, args: tuple, kwargs: dict) -> Any:
         """A handle call: the user's result, or their exception (unwrapped from Ray)."""
-        router = self._routers.get(key)
+        router = self._placeable(key)
         if router is None:
-            raise RouterClosedError(key, "no running replicas are known for it yet")
+            raise RouterClosedError(key, "it has no running replicas")
         try:
             return await router.assign((method, args, kwargs))
         except RayTaskError as e:
@@ -122,10 +123,8 @@ class RouterSet:
         """Answer one HTTP request through the deployment's router. Returns the status
         sent and, for a backpressure rejection, the rejection (for metrics). Raises
         StreamAborted when the replica failed after the response head went out."""
-        router = self._routers.get(key)
-        if router is None or router.num_replicas == 0:
-            # Waiting would hang the client for as long as none run (starting, failed to
-            # deploy, all dead): answer at once, with the same hint a rejection gives.
+        router = self._placeable(key)
+        if router is None:  # with the same hint a rejection gives
             await respond(send, 503, f"deployment {key} has no running replicas",
                          [(b"retry-after", b"1")])
             return 503, None

@@ -32,8 +32,6 @@ class RoutingSubscriber:
         self._known: dict[int, dict[str, int]] = {}  # shard -> {deployment key: version}
         self._num_shards = 0
         self._tasks: list[asyncio.Task] = []
-        self._routes_ready = asyncio.Event()
-        self.routes: dict | None = None
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -42,10 +40,6 @@ class RoutingSubscriber:
     def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-
-    async def wait_routes(self, timeout_s: float = 30.0) -> dict:
-        await asyncio.wait_for(self._routes_ready.wait(), timeout_s)
-        return self.routes
 
     async def _follow_routes(self) -> None:
         s = self._settings
@@ -63,7 +57,6 @@ class RoutingSubscriber:
                 self._apply_routes(payload)
 
     def _apply_routes(self, payload: dict) -> None:
-        self.routes = payload
         # The shard count is fixed for an instance's life (the controller rejects a
         # change), so shards are followed once.
         if not self._num_shards and payload["num_shards"]:
@@ -72,7 +65,6 @@ class RoutingSubscriber:
                 self._known.setdefault(i, {})
                 self._tasks.append(asyncio.get_running_loop().create_task(self._follow_shard(i)))
         self._on_routes(payload)
-        self._routes_ready.set()
 
     async def _follow_shard(self, index: int) -> None:
         s = self._settings

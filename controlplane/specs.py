@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 # Built-in defaults, the same as Ray Serve 2.60's where Serve has the field.
@@ -63,9 +63,6 @@ class DeploymentSpec:
     @property
     def user_config_version(self) -> str:
         return stable_hash(self.user_config)
-
-    def with_num_replicas(self, n: int) -> "DeploymentSpec":
-        return replace(self, num_replicas=n)
 
 
 def stable_hash(value: Any, strict: bool = False) -> str:
