@@ -25,41 +25,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from controlplane.push_registry import PushedHealth
+from controlplane.wire import MetricReport
 
 # A ratio within this of a whole number counts as that number: averaging samples adds
 # float noise (2.0000000000000004 replicas' worth of load must not start a third).
 _RATIO_TOLERANCE = 1e-9
-
-
-@dataclass(frozen=True)
-class MetricReport:
-    """One replica's periodic load report to its shard."""
-
-    replica_id: str
-    sent_at: float  # replica's wall-clock time.time() when sent; for display only
-    ongoing_requests: int  # executing now
-    queued_requests: int  # accepted, waiting for a slot
-    # Keep every new field optional with a default so old senders stay valid.
-    # hash=False: a dict is unhashable, and equal reports still hash equal without it.
-    extras: Mapping[str, object] = field(default_factory=dict, hash=False)
-    # Push health (seed 000): the replica's newest self-check result rides on the report it
-    # sends anyway; None before its first check completed, or from a non-pushing sender.
-    health: PushedHealth | None = None
-
-    def __post_init__(self) -> None:
-        if self.ongoing_requests < 0 or self.queued_requests < 0:
-            raise ValueError(f"request counts must be >= 0, got {self!r}")
-        # Copy so a sender mutating its dict later cannot change a recorded report.
-        # A plain dict rather than MappingProxyType: reports cross actors and must pickle.
-        object.__setattr__(self, "extras", dict(self.extras))
-
-    @property
-    def load(self) -> int:
-        """Requests this replica holds: the quantity autoscaling targets per replica."""
-        return self.ongoing_requests + self.queued_requests
 
 
 class MetricWindow:
@@ -97,10 +69,6 @@ class MetricWindow:
     def forget(self, replica_id: str) -> None:
         """Drop a replica's samples (it stopped); unknown ids are ignored."""
         self._samples.pop(replica_id, None)
-
-    def latest(self, replica_id: str) -> MetricReport | None:
-        samples = self._samples.get(replica_id)
-        return samples[-1][1] if samples else None
 
     def average_load(self, now: float, replica_ids: Iterable[str]) -> float | None:
         """Sum over ``replica_ids`` of each one's mean load within [now - look-back, now].

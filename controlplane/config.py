@@ -20,16 +20,11 @@ import os
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
+
+from controlplane.errors import ConfigError
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True)
 _NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
@@ -303,21 +298,6 @@ def _duplicates(items: list[tuple[Any, str]]) -> list[tuple[Any, str, str]]:
         else:
             first_seen[key] = where
     return repeats
-
-
-class ConfigError(Exception):
-    """A deploy config that cannot be used. Terminal: fix the file, do not retry."""
-
-    def __init__(self, source: str, errors: list[str]) -> None:
-        # All fields go to super() so the error pickles across Ray actors.
-        super().__init__(source, errors)
-        self.source = source
-        self.errors = list(errors)
-
-    def __str__(self) -> str:
-        lines = [f"invalid deploy config {self.source}: {len(self.errors)} error(s)"]
-        lines += [f"  - {error}" for error in self.errors]
-        return "\n".join(lines)
 
 
 def parse_deploy_config(data: object, source: str = "<config>") -> DeployConfig:

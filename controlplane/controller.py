@@ -20,16 +20,16 @@ from ray.exceptions import RayTaskError
 from ray.experimental import internal_kv
 
 from controlplane.config import config_to_dict, parse_deploy_config
-from controlplane.errors import DeployRejected
-from controlplane.health_stats import merge_all
+from controlplane.errors import BuildError, DeployRejected
+from controlplane.health.health_stats import merge_all
 from controlplane.long_poll import LongPollHost
 from controlplane.proxy_fleet import ProxyFleet
-from controlplane.routing_client import ROUTES_KEY
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of
 from controlplane.status import assemble_status
-from controlplane.user_code import BuildError, build_applications
+from controlplane.user_code import build_applications
+from controlplane.wire import ROUTES_KEY, RoutesUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +90,10 @@ class Controller:
         self._config = normalized
         self._generation += 1
         await self._push()
-        self._routes.publish(ROUTES_KEY, {
-            "num_shards": num_shards, "generation": self._generation,
-            "routes": {s.route_prefix: str(s.id) for s in specs
-                       if s.ingress and s.route_prefix is not None}})
+        self._routes.publish(ROUTES_KEY, RoutesUpdate(
+            num_shards=num_shards, generation=self._generation,
+            routes={s.route_prefix: str(s.id) for s in specs
+                    if s.ingress and s.route_prefix is not None}))
         return {"generation": self._generation, "deployments": [str(s) for s in self._specs],
                 "num_shards": num_shards, "http": self._proxies.addresses()}
 

@@ -18,19 +18,19 @@ import logging
 from typing import Any, Callable, Coroutine
 
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
-from controlplane.health_gate import ProbeOutcome
-from controlplane.health_stats import HealthTotals
+from controlplane.health.health_gate import ProbeOutcome
+from controlplane.health.health_stats import HealthTotals
+from controlplane.health.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
+                                             ProbeReplica, ReplicaCrashed)
+from controlplane.health.stall_guard import StallGuard
 from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent
-from controlplane.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
-                                      ProbeReplica, ReplicaCrashed)
-from controlplane.push_registry import PushedHealth
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
                                     StartReplica, StopReplica, deployment_status, plan)
 from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec
-from controlplane.stall_guard import StallGuard
+from controlplane.wire import PushedHealth, ReplicaInfo, RoutingUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ class DeploymentState:
             self.mark_dirty()
 
     # ---- routing ---------------------------------------------------------------------------
-    def routing_update(self) -> dict | None:
+    def routing_update(self) -> RoutingUpdate | None:
         """What routers need, if it changed since the last call; else None, in O(1)
         (membership is keyed on the fingerprint, limits on the spec)."""
         spec = self.spec
@@ -230,11 +230,14 @@ class DeploymentState:
             return None
         self._routing_key = key
         serving = [self.replicas.get(i) for i in sorted(self.replicas.running_ids())]
-        return {"replicas": [{"replica_id": r.replica_id, "actor_name": r.actor_name,
-                              "node_id": r.node_id} for r in serving],
-                "max_ongoing_requests": spec.max_ongoing_requests,
-                "max_queued_requests": spec.max_queued_requests,
-                "backpressure_config": dict(spec.backpressure_config)}
+        backpressure = spec.backpressure_config
+        return RoutingUpdate(
+            replicas=tuple(ReplicaInfo(r.replica_id, r.actor_name, r.node_id) for r in serving),
+            max_ongoing_requests=spec.max_ongoing_requests,
+            max_queued_requests=spec.max_queued_requests,
+            status_code=int(backpressure.get("status_code", 503)),
+            retry_after_s=backpressure.get("retry_after_s"),
+            retry_after_policy=backpressure.get("retry_after_policy") or "static")
 
     # ---- status ---------------------------------------------------------------------------
     def status(self, now: float) -> dict:

@@ -11,3 +11,96 @@ class DeployRejected(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
+
+
+class ConfigError(Exception):
+    """A deploy config that cannot be used. Terminal: fix the file, do not retry."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        # All fields go to super() so the error pickles across Ray actors.
+        super().__init__(source, errors)
+        self.source = source
+        self.errors = list(errors)
+
+    def __str__(self) -> str:
+        lines = [f"invalid deploy config {self.source}: {len(self.errors)} error(s)"]
+        lines += [f"  - {error}" for error in self.errors]
+        return "\n".join(lines)
+
+
+class BuildError(Exception):
+    """The application's code could not be imported or built (terminal: fix the code)."""
+
+    def __init__(self, app: str, message: str) -> None:
+        super().__init__(app, message)
+        self.app = app
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"application '{self.app}': {self.message}"
+
+
+class NoInstance(Exception):
+    """No running Ray cluster or fleetplane controller could be found."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class BackpressureError(Exception):
+    """Overloaded: the router's queue is full. Answer ``status_code`` with ``headers()``.
+
+    ``retry_after_s`` is RFC 9110 delay-seconds (integer, already rounded up), or None
+    when no value is known (then send no Retry-After header).
+    """
+
+    def __init__(self, status_code: int, retry_after_s: int | None, message: str) -> None:
+        super().__init__(status_code, retry_after_s, message)
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def headers(self) -> dict[str, str]:
+        """Response headers for an HTTP rejection (RFC 9110 section 10.2.3)."""
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+
+
+class ReplicaUnavailableError(Exception):
+    """The replica's actor was gone (died, or unreachable) while it held the request.
+
+    Not retried by the router: the request may have partly run, and a second run of a
+    non-idempotent request is worse than a clear error. 502 because the gateway got no
+    valid response from the server it forwarded to (RFC 9110 section 15.6.3); 503 stays
+    reserved for backpressure, which is safe to retry.
+    """
+
+    status_code = 502
+
+    def __init__(self, replica_id: str, reason: str, deployment: str = "") -> None:
+        super().__init__(replica_id, reason, deployment)
+        self.replica_id = replica_id
+        self.reason = reason
+        self.deployment = deployment
+
+    def __str__(self) -> str:
+        where = f" of deployment {self.deployment}" if self.deployment else ""
+        return (f"replica {self.replica_id}{where} became unavailable while handling the "
+                f"request ({self.reason}); the request was not retried because it may have "
+                f"partly run")
+
+
+class RouterClosedError(Exception):
+    """The router was closed (deployment deleted, or the process is shutting down)."""
+
+    status_code = 503
+
+    def __init__(self, deployment: str, reason: str) -> None:
+        super().__init__(deployment, reason)
+        self.deployment = deployment
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"deployment {self.deployment} no longer takes requests: {self.reason}"

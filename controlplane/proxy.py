@@ -23,12 +23,14 @@ import ray
 import uvicorn
 
 from controlplane.clock import SystemClock
-from controlplane.dataplane import RouterSet, StreamAborted, respond
 from controlplane.proxy_metrics import ProxyMetrics
-from controlplane.route_table import RouteTable
-from controlplane.routing_client import RoutingSubscriber
+from controlplane.routing.asgi import respond
+from controlplane.routing.route_table import RouteTable
+from controlplane.routing.router_set import RouterSet
+from controlplane.routing.subscriber import RoutingSubscriber
+from controlplane.routing.transport import StreamAborted
 from controlplane.settings import Settings
-from replicas.http_adapter import HTTPRequestData
+from controlplane.wire import HTTPRequestData, RoutesUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +82,8 @@ class ProxyApp:
         self.table = RouteTable()
         self.has_routes = False
 
-    def set_routes(self, payload: dict) -> None:
-        self.table = RouteTable(payload["routes"])
+    def set_routes(self, update: RoutesUpdate) -> None:
+        self.table = RouteTable(update.routes)
         self.has_routes = True
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:

@@ -1,7 +1,8 @@
 """The shard's only door to replica actors: create, initialize, probe, reconfigure, stop.
 
-``RayReplicaClient`` is the real one; tests of the shard logic inject a fake with the same
-methods (the health-push release harness injects a simulated fleet the same way). Errors
+``ReplicaClient`` is the seam: ``RayReplicaClient`` is the real one; the unit tests'
+``FakeReplicaClient`` and the release tests' simulated fleet implement the same protocol
+(``tests/unit/test_replica_client_protocol.py`` checks that they do). Errors
 are translated into two types that decide behaviour: ``ReplicaDied`` (the actor is gone:
 authoritative, replace now) and ``ReplicaCallFailed`` (the call failed or timed out:
 counts as one failed observation).
@@ -10,13 +11,17 @@ counts as one failed observation).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import importlib
+import logging
+from typing import Any, Protocol
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from controlplane.specs import DeploymentSpec
-from replicas.replica import Replica, ReplicaInit
+from controlplane.wire import REPLICA_ACTOR_CLASS, ReplicaInit
+
+logger = logging.getLogger(__name__)
 
 
 class ReplicaDied(Exception):
@@ -33,10 +38,43 @@ def replica_actor_name(replica_id: str) -> str:
     return f"fleetplane_replica::{replica_id}"
 
 
+class ReplicaClient(Protocol):
+    """What a shard may do to a replica. ``create`` returns a handle at once (the actor
+    starts in the background) or raises: ``ValueError`` when the actor name is taken,
+    anything else when the scheduler refused it. The async calls raise ``ReplicaDied``
+    or ``ReplicaCallFailed``; ``stop`` and ``kill`` never raise."""
+
+    def create(self, init: ReplicaInit, spec: DeploymentSpec) -> Any: ...
+
+    async def initialize(self, handle: Any, timeout_s: float) -> dict: ...
+
+    async def check_health(self, handle: Any, timeout_s: float) -> None: ...
+
+    async def update_health_timings(self, handle: Any, period_s: float,
+                                    timeout_s: float) -> None: ...
+
+    async def wait_until_stopped(self, handle: Any) -> None: ...
+
+    async def reconfigure(self, handle: Any, user_config: Any, timeout_s: float) -> None: ...
+
+    async def update_rank(self, handle: Any, rank: int) -> None: ...
+
+    async def stop(self, handle: Any, grace_s: float, extra_s: float) -> None: ...
+
+    def kill(self, handle: Any) -> None: ...
+
+
+def load_actor_class(path: str = REPLICA_ACTOR_CLASS) -> type:
+    """The replica actor class named ``module:Class`` (the control plane never imports
+    ``replicas/``: it starts the actor by name, as a plugin)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 class RayReplicaClient:
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, actor_class: str = REPLICA_ACTOR_CLASS) -> None:
         self._namespace = namespace
-        self._actor_cls = ray.remote(Replica)
+        self._actor_cls = ray.remote(load_actor_class(actor_class))
 
     def create(self, init: ReplicaInit, spec: DeploymentSpec) -> Any:
         options = dict(spec.ray_actor_options)
@@ -83,12 +121,14 @@ class RayReplicaClient:
         """Let in-flight requests finish (up to grace_s), then kill the actor."""
         try:
             await self._call(handle.prepare_for_shutdown.remote(grace_s), grace_s + extra_s)
-        except (ReplicaDied, ReplicaCallFailed):
-            pass  # killing it anyway
-        ray.kill(handle, no_restart=True)
+        except (ReplicaDied, ReplicaCallFailed) as e:  # killing it anyway
+            logger.info("replica did not drain cleanly (%s); killing it", e)
+        self.kill(handle)
 
     def kill(self, handle: Any) -> None:
+        """Kill the actor; a dead one is a no-op for Ray. Whatever else fails is logged:
+        a replica that cannot be killed may leak a process."""
         try:
             ray.kill(handle, no_restart=True)
-        except Exception:  # already gone: nothing to kill
-            pass
+        except Exception as e:
+            logger.warning("could not kill replica actor %r: %r", handle, e)

@@ -20,12 +20,12 @@ import logging
 from typing import Any
 
 from controlplane.clock import Clock
-from controlplane.health_gate import ProbeOutcome, ProbeResult
+from controlplane.health.health_gate import ProbeOutcome, ProbeResult
 from controlplane.lifecycle import SERVING_STATES, ReplicaEvent, ReplicaState
 from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, replica_actor_name
 from controlplane.replica_set import ReplicaRecord
 from controlplane.settings import ReplicaSettings
-from replicas.replica import ReplicaInit
+from controlplane.wire import ReplicaInit
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from controlplane.router_types import RouterSettings
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """Operator tunables of every router (to join the ``Settings`` tree)."""
+
+    probe_deadline_s: float = 0.1  # a probe slower than this counts as "unknown", not a wait
+    # Others' share of a replica's queue is refreshed when older than this. Shorter than
+    # Serve's 10 s because our replies do not piggyback queue lengths; only probes do.
+    queue_len_ttl_s: float = 2.0
+    # While requests wait and some slot may be held by another router, re-probe after
+    # 25 ms, doubling to 100 ms. Serve 2.60 caps at 0.5 s, which leaves a 0.5 s replica
+    # idle for most of a backoff; our own completions wake waiters with no backoff at all.
+    backoff_initial_s: float = 0.025
+    backoff_max_s: float = 0.1
+    max_pairs: int = 3  # power-of-two-choices pairs tried per placement
+    # Starvation guard: after this many fruitless backoffs (25+50+100 ms), queue one
+    # request at a full replica where this router holds no slot (see Router._take_ticket).
+    ticket_after_backoffs: int = 3
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,13 @@ from typing import Any, Coroutine
 
 from controlplane.clock import Clock, SystemClock
 from controlplane.deployment_state import DeploymentState
-from controlplane.health_stats import HealthTotals
+from controlplane.health.health_stats import HealthTotals
 from controlplane.long_poll import LongPollHost
-from controlplane.push_registry import PushedHealth
 from controlplane.replica_client import RayReplicaClient
 from controlplane.replica_ops import ReplicaOps
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
+from controlplane.wire import PushedHealth
 
 logger = logging.getLogger(__name__)
 

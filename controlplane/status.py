@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.health_stats import merge_all
+from controlplane.health.health_stats import merge_all
 
 
 def app_status(dep_statuses: list[str]) -> str:

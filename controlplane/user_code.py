@@ -27,29 +27,11 @@ from typing import Any, Mapping
 
 import ray.cloudpickle as cloudpickle
 
+from controlplane.errors import BuildError
 from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, DeploymentSpec, stable_hash
+from controlplane.wire import DeploymentRef
 
 _SERVE_OPTION_NAMES = tuple(k for k in DEPLOYMENT_DEFAULTS if k != "ray_actor_options")
-
-
-class BuildError(Exception):
-    """The application's code could not be imported or built (terminal: fix the code)."""
-
-    def __init__(self, app: str, message: str) -> None:
-        super().__init__(app, message)
-        self.app = app
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"application '{self.app}': {self.message}"
-
-
-@dataclass(frozen=True)
-class DeploymentRef:
-    """Stands in for a bound deployment passed as a constructor argument (composition)."""
-
-    app: str
-    name: str
 
 
 @dataclass

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from controlplane.client import start_local_ray
+from controlplane.instance import start_local_ray
 from release_tests.machine import describe, describe_line
 from release_tests.sim_fleet import SimConfig, SimFleet
 

@@ -92,7 +92,7 @@ def measure(system: str, cmd: list[str], health_url: str, url: str, args) -> dic
 
 
 SYSTEMS = {
-    "fleetplane": ([sys.executable, "-m", "controlplane.cli", "run", "release_tests/noop.yaml"],
+    "fleetplane": ([sys.executable, "-m", "fleetplane.cli", "run", "release_tests/noop.yaml"],
                    "http://127.0.0.1:8000/noop", "http://127.0.0.1:8000/noop"),
     "ray-serve-2.60": ([sys.executable, "-m", "release_tests.serve_baseline", "--port", "8001"],
                        "http://127.0.0.1:8001/noop", "http://127.0.0.1:8001/noop"),

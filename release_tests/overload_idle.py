@@ -22,7 +22,7 @@ from release_tests.machine import describe, describe_line
 
 HANDLER_S, SLOTS = 0.5, 2
 SYSTEMS = {
-    "fleetplane": ([sys.executable, "-m", "controlplane.cli", "run", "release_tests/overload.yaml"],
+    "fleetplane": ([sys.executable, "-m", "fleetplane.cli", "run", "release_tests/overload.yaml"],
                    "http://127.0.0.1:8000/noop"),
     "ray-serve-2.60": ([sys.executable, "-m", "release_tests.serve_baseline", "--port", "8001",
                         "--app", "serve_half_second_app"], "http://127.0.0.1:8001/noop"),

@@ -35,17 +35,15 @@ from typing import Any
 
 import ray
 
-from controlplane.autoscaling import MetricReport
 from controlplane.clock import SystemClock
-from controlplane.health_gate import stale_after_s
+from controlplane.health.health_gate import stale_after_s
 from controlplane.lifecycle import SERVING_STATES
-from controlplane.push_registry import PushedHealth
 from controlplane.replica_client import RayReplicaClient, ReplicaCallFailed, ReplicaDied
 from controlplane.settings import ReplicaSettings, Settings, ShardSettings, shard_actor_name
 from controlplane.shard import ControllerShard, ShardCore
 from controlplane.specs import DeploymentId, DeploymentSpec
+from controlplane.wire import MetricReport, PushedHealth, ReplicaInit
 from release_tests.health_records import UpdateRecorder
-from replicas.replica import ReplicaInit
 from replicas.self_health import HealthCheckFailed
 
 logger = logging.getLogger(__name__)

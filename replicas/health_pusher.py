@@ -23,7 +23,7 @@ Invariants (seed 000, ray-project/ray#64913, and its review fixes):
 
 from __future__ import annotations
 
-from controlplane.push_registry import PushedHealth
+from controlplane.wire import PushedHealth
 from replicas.self_health import EVAL_JITTER_SLACK, HealthSnapshot
 
 
@@ -57,11 +57,6 @@ class HealthPusher:
         return self._report_interval_s <= self._period_s
 
     # ---- metric reports -----------------------------------------------------------------
-    def report_fields(self, snapshot: HealthSnapshot) -> dict:
-        """The health fields to attach to a metric report; {} before the first check."""
-        pushed = to_pushed(snapshot)
-        return pushed.as_fields() if pushed is not None else {}
-
     def on_report_sent(self, snapshot: HealthSnapshot, now: float) -> None:
         self._carried(to_pushed(snapshot), now)
 

@@ -10,25 +10,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-
-@dataclass(frozen=True)
-class HTTPRequestData:
-    """What crosses from the proxy to a replica: small, picklable, no sockets."""
-
-    method: str
-    path: str
-    query_string: bytes
-    headers: list[tuple[bytes, bytes]]
-    body: bytes
-    route_prefix: str = "/"
-    client: tuple[str, int] | None = None
-    extras: dict = field(default_factory=dict)
+from controlplane.wire import HTTPRequestData
 
 
 def to_starlette(data: HTTPRequestData) -> Request:

@@ -16,44 +16,22 @@ import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import ray
 import ray.cloudpickle as cloudpickle
 
-from controlplane.autoscaling import MetricReport
-from controlplane.handles import DeploymentHandle, HandleRuntime
+from controlplane.routing.handles import DeploymentHandle, HandleRuntime
 from controlplane.settings import Settings
-from controlplane.user_code import DeploymentRef
+from controlplane.wire import DeploymentRef, HTTPRequestData, MetricReport, ReplicaInit
 from replicas.context import ReplicaContext, set_replica_context
-from replicas.http_adapter import (HTTPRequestData, is_streaming, response_parts, to_starlette,
-                                   unary_response)
+from replicas.http_adapter import is_streaming, response_parts, to_starlette, unary_response
 from replicas.replica_health import ReplicaHealthMixin
 from replicas.user_callable import UserCallable
 
 logger = logging.getLogger(__name__)
 
 _STREAM_ABANDON_S = 60.0  # a started stream the proxy never pulls releases its slot then
-
-
-@dataclass(frozen=True)
-class ReplicaInit:
-    replica_id: str
-    app_name: str
-    deployment: str
-    serialized_def: bytes
-    user_config: Any
-    rank: int
-    max_ongoing_requests: int
-    shard_name: str
-    namespace: str
-    metrics_report_interval_s: float
-    # Defaults are the stock DEPLOYMENT_DEFAULTS / ShardSettings values.
-    health_check_period_s: float = 10.0
-    health_check_timeout_s: float = 30.0
-    unhealthy_threshold: int = 3
-    drain_min_s: float = 1.0  # ReplicaSettings.drain_min_s
 
 
 class Replica(ReplicaHealthMixin):

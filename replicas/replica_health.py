@@ -28,7 +28,7 @@ import logging
 from typing import Any, Coroutine
 
 from controlplane.clock import SystemClock
-from controlplane.push_registry import PushedHealth
+from controlplane.wire import PushedHealth
 from replicas.health_pusher import HealthPusher, to_pushed
 from replicas.self_health import HealthCheckFailed, HealthSnapshot, SelfHealth
 

@@ -9,8 +9,8 @@ from typing import Callable
 import pytest
 import ray
 
-from controlplane.client import Client, start_local_ray
 from controlplane.config import parse_deploy_config
+from controlplane.instance import Client, start_local_ray
 
 
 def _free_port() -> int:

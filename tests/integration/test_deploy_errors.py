@@ -6,9 +6,7 @@ import pytest
 import ray
 from ray.exceptions import RayTaskError
 
-from controlplane.config import ConfigError
-from controlplane.errors import DeployRejected
-from controlplane.user_code import BuildError
+from controlplane.errors import BuildError, ConfigError, DeployRejected
 from tests.integration.conftest import app, dep_status, deploy, settled, wait_for
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from controlplane.stall_guard import GuardState
+from controlplane.health.stall_guard import GuardState
 from release_tests.sim_fleet import SimConfig, SimFleet
 
 pytestmark = pytest.mark.integration

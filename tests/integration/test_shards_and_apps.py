@@ -11,8 +11,8 @@ import pytest
 import ray
 
 from controlplane.specs import DeploymentId, shard_of
-from tests.integration.conftest import (HTTP_PORT, app, call, dep_status, deploy, settled, wait_actor_gone,
-                                       wait_for)
+from tests.integration.conftest import (HTTP_PORT, app, call, dep_status, deploy, settled,
+                                        wait_actor_gone, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_removed_application_is_drained_and_stopped(fleet):
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     address = ray.get_runtime_context().gcs_address
-    return subprocess.run([sys.executable, "-m", "controlplane.cli", *args, "--address", address],
+    return subprocess.run([sys.executable, "-m", "fleetplane.cli", *args, "--address", address],
                           capture_output=True, text=True, timeout=120)
 
 

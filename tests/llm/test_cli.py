@@ -6,13 +6,13 @@ import json
 import subprocess
 import sys
 
-from controlplane.cli import main
+from fleetplane.cli import main
 from replicas.llm_engine import free_port
 from tests.llm.conftest import CHECK_INTERVAL_S, REPO
 
 
 def llm_health(*args: str) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, "-m", "controlplane.cli", "llm-health",
+    done = subprocess.run([sys.executable, "-m", "fleetplane.cli", "llm-health",
                            "--interval-s", str(CHECK_INTERVAL_S), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     return done.returncode, done.stdout

@@ -19,7 +19,7 @@ from typing import Any
 
 from controlplane.replica_client import ReplicaDied
 from controlplane.specs import DeploymentSpec
-from replicas.replica import ReplicaInit
+from controlplane.wire import ReplicaInit
 
 OK = "ok"
 HOLD = "hold"

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from controlplane.clock import FakeClock
-from controlplane.router import Router
-from controlplane.router_types import ReplicaInfo, RoutingConfig
+from controlplane.routing.router import Router
+from controlplane.routing.routing_config import RoutingConfig
+from controlplane.wire import ReplicaInfo
 from tests.unit.virtual_time import run_virtual
 
 HOLD = "hold"

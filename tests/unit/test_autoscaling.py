@@ -6,21 +6,16 @@ import pickle
 
 import pytest
 
-from controlplane.autoscaling import (
-    AutoscalingPolicy,
-    MetricReport,
-    MetricWindow,
-    ScalingState,
-    decide,
-    initial_target,
-)
+from controlplane.autoscaling import (AutoscalingPolicy, MetricWindow, ScalingState, decide,
+                                      initial_target)
+from controlplane.wire import MetricReport, PushedHealth
 
 T0 = 1000.0
 
 
-def report(replica_id: str, ongoing: int, queued: int = 0, **extras: object) -> MetricReport:
+def report(replica_id: str, ongoing: int, queued: int = 0) -> MetricReport:
     return MetricReport(replica_id, sent_at=5.0, ongoing_requests=ongoing,
-                        queued_requests=queued, extras=extras)
+                        queued_requests=queued)
 
 
 def policy(**overrides: object) -> AutoscalingPolicy:
@@ -32,19 +27,15 @@ def policy(**overrides: object) -> AutoscalingPolicy:
 # --- MetricReport -------------------------------------------------------------------
 
 
-def test_report_extras_default_empty_and_old_senders_stay_valid():
+def test_report_load_and_old_senders_without_health_stay_valid():
     r = MetricReport("r1", sent_at=1.0, ongoing_requests=2, queued_requests=3)
-    assert r.extras == {}
+    assert r.health is None
     assert r.load == 5
 
 
-def test_report_copies_extras_and_survives_pickle():
-    health = {"healthy": True}
-    r = MetricReport("r1", 1.0, 0, 0, extras=health)
-    health["healthy"] = False
-    assert r.extras == {"healthy": True}
+def test_report_survives_pickle():
+    r = MetricReport("r1", 1.0, 0, 0, health=PushedHealth(False, 2.0, 1))
     assert pickle.loads(pickle.dumps(r)) == r
-    assert hash(r) == hash(MetricReport("r1", 1.0, 0, 0, extras={"other": 1}))
 
 
 def test_report_rejects_negative_counts():
@@ -118,16 +109,13 @@ def test_default_cap_is_64():
     assert w.average_load(T0 + 64, ["a"]) == 1.0
 
 
-def test_latest_and_forget():
+def test_forget_drops_a_replicas_samples():
     w = MetricWindow(look_back_period_s=30.0)
-    assert w.latest("a") is None
-    first, second = report("a", 1), report("a", 2, healthy=True)
-    w.record(first, received_at=T0)
-    w.record(second, received_at=T0 + 1)
-    assert w.latest("a") is second
+    w.record(report("a", 1), received_at=T0)
+    w.record(report("a", 2), received_at=T0 + 1)
+    assert w.average_load(T0 + 1, ["a"]) == 1.5
     w.forget("a")
     w.forget("never-seen")
-    assert w.latest("a") is None
     assert w.average_load(T0 + 1, ["a"]) is None
 
 

@@ -7,16 +7,9 @@ import pickle
 import pytest
 from pydantic import ValidationError
 
-from controlplane.config import (
-    AutoscalingConfig,
-    ConfigError,
-    DeployConfig,
-    DeploymentConfig,
-    RayActorOptions,
-    config_to_dict,
-    load_deploy_config,
-    parse_deploy_config,
-)
+from controlplane.config import (AutoscalingConfig, DeployConfig, DeploymentConfig, RayActorOptions,
+                                 config_to_dict, load_deploy_config, parse_deploy_config)
+from controlplane.errors import ConfigError
 
 FULL_YAML = """\
 http_options: {host: 0.0.0.0, port: 8080}

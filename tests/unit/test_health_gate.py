@@ -9,33 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.health_gate import (
-    Apply,
-    Defer,
-    Drop,
-    GateState,
-    ProbeOutcome,
-    ProbeResult,
-    Skip,
-    StartProbe,
-    UsePush,
-    Wait,
-    consume_push,
-    decide,
-    resolve_probe,
-    stale_after_s,
-    start_probe,
-)
-from controlplane.health_stats import HealthTotals
-from controlplane.push_health import (
-    ApplyHealth,
-    DeadlineQueue,
-    DeploymentHealth,
-    ProbeReplica,
-    ReplicaCrashed,
-)
-from controlplane.push_registry import HealthPushRegistry, PushedHealth, PushEntry
-from controlplane.stall_guard import STALL_EPISODE_CAP_S
+from controlplane.health.health_gate import (Apply, Defer, Drop, GateState, ProbeOutcome,
+                                             ProbeResult, Skip, StartProbe, UsePush, Wait,
+                                             consume_push, decide, resolve_probe, stale_after_s,
+                                             start_probe)
+from controlplane.health.health_stats import HealthTotals
+from controlplane.health.push_health import (ApplyHealth, DeadlineQueue, DeploymentHealth,
+                                             ProbeReplica, ReplicaCrashed)
+from controlplane.health.push_registry import HealthPushRegistry, PushEntry
+from controlplane.health.stall_guard import STALL_EPISODE_CAP_S
+from controlplane.wire import PushedHealth
 
 T0 = 1000.0
 P = 10.0  # health_check_period_s

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.push_registry import PushedHealth
-from replicas.health_pusher import HealthPusher
+from controlplane.wire import PushedHealth
+from replicas.health_pusher import HealthPusher, to_pushed
 from replicas.self_health import HealthSnapshot
 
 T0 = 1000.0
@@ -33,13 +33,9 @@ def send(pusher: HealthPusher, s: HealthSnapshot, now: float) -> PushedHealth:
 # --- reports ---------------------------------------------------------------------------------
 
 
-def test_report_fields_are_the_three_health_fields():
-    pusher = report_mode()
-    assert pusher.report_fields(snap(None)) == {}
-    fields = pusher.report_fields(snap(T0, healthy=False, failures=2))
-    assert fields == {"healthy": False, "checked_at": T0, "consecutive_failures": 2}
-    assert PushedHealth.from_fields(fields) == PushedHealth(False, T0, 2)
-    assert PushedHealth.from_fields({}) is None
+def test_a_report_carries_the_three_health_fields_once_a_check_completed():
+    assert to_pushed(snap(None)) is None
+    assert to_pushed(snap(T0, healthy=False, failures=2)) == PushedHealth(False, T0, 2)
 
 
 def test_suppression_compares_report_interval_with_the_period_not_the_half_period():

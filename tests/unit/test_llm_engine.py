@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.cli import main
+from fleetplane.cli import main
 from replicas.llm_engine import DEFAULT_COMMAND, free_port, render_command
 
 VALUES = {"model": "Qwen/Qwen3-8B", "host": "127.0.0.1", "port": 8123, "max_num_seqs": 12,

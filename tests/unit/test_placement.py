@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from controlplane.placement import choose_replica, sample_candidates
+from controlplane.routing.placement import choose_replica, sample_candidates
 
 IDS = [f"r{i}" for i in range(50)]
 

@@ -7,8 +7,10 @@ import pickle
 
 import pytest
 
-from controlplane.health_stats import HealthStatistics, HealthTotals, IntervalWindows, merge_all
-from controlplane.push_registry import PRUNE_INTERVAL_S, HealthPushRegistry, PushedHealth
+from controlplane.health.health_stats import (HealthStatistics, HealthTotals, IntervalWindows,
+                                              merge_all)
+from controlplane.health.push_registry import PRUNE_INTERVAL_S, HealthPushRegistry
+from controlplane.wire import PushedHealth
 
 T0 = 1000.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from controlplane.queue_len_cache import QueueLenCache
+from controlplane.routing.queue_len_cache import QueueLenCache
 
 T0 = 1000.0
 

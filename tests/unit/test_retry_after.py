@@ -8,14 +8,9 @@ import random
 
 import pytest
 
-from controlplane.retry_after import (
-    DrainRateEstimator,
-    check_policy,
-    compute_retry_after_s,
-    retry_after_s,
-    saturation_factor,
-    static_retry_after_s,
-)
+from controlplane.routing.retry_after import (DrainRateEstimator, check_policy,
+                                              compute_retry_after_s, retry_after_s,
+                                              saturation_factor, static_retry_after_s)
 
 T0 = 1000.0
 

@@ -1,6 +1,6 @@
 """Longest-prefix matching at segment boundaries."""
 
-from controlplane.route_table import RouteTable
+from controlplane.routing.route_table import RouteTable
 
 
 def test_longest_prefix_wins_at_segment_boundaries():

@@ -9,12 +9,8 @@ import random
 
 import pytest
 
-from controlplane.router_types import (
-    BackpressureError,
-    ReplicaUnavailableError,
-    RouterClosedError,
-    RoutingConfig,
-)
+from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
+from controlplane.routing.routing_config import RoutingConfig
 from tests.unit.router_fakes import DEP, HOLD, Harness, Sent, settle
 
 

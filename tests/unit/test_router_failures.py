@@ -8,11 +8,8 @@ import asyncio
 
 import pytest
 
-from controlplane.router_types import (
-    BackpressureError,
-    ReplicaUnavailableError,
-    RouterClosedError,
-)
+from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
+from controlplane.wire import ReplicaInfo, RoutingUpdate
 from tests.unit.router_fakes import DEP, Harness, Sent, replica, settle
 
 
@@ -144,15 +141,14 @@ def test_close_fails_waiters_and_new_requests(h: Harness) -> None:
     h.run(main)
 
 
-def test_apply_routing_update_takes_the_shard_payload(h: Harness) -> None:
+def test_apply_routing_update_takes_the_shard_update(h: Harness) -> None:
     router = h.make(replicas=0)
-    payload = {"replicas": [{"replica_id": "r7", "actor_name": "x", "node_id": "n"}],
-               "max_ongoing_requests": 1, "max_queued_requests": 0,
-               "backpressure_config": {"status_code": 429, "retry_after_s": 4,
-                                       "retry_after_policy": "static"}}
+    update = RoutingUpdate(replicas=(ReplicaInfo("r7", "x", "n"),), max_ongoing_requests=1,
+                           max_queued_requests=0, status_code=429, retry_after_s=4,
+                           retry_after_policy="static")
 
     async def main() -> None:
-        router.apply_routing_update(payload)
+        router.apply_routing_update(update)
         h.start("a")
         await settle()
         assert h.transport.where("a") == "r7"

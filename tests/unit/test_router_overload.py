@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from controlplane.clock import FakeClock
-from controlplane.router import Router
-from controlplane.router_types import BackpressureError, ReplicaInfo, RoutingConfig
+from controlplane.errors import BackpressureError
+from controlplane.routing.router import Router
+from controlplane.routing.routing_config import RoutingConfig
+from controlplane.wire import ReplicaInfo
 from tests.unit.virtual_time import run_virtual
 
 HOP_S = 0.001

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from controlplane.autoscaling import MetricReport
-from controlplane.push_registry import PushedHealth
+from controlplane.health.stall_guard import STALL_MIN_TRACKED
 from controlplane.replica_client import ReplicaCallFailed
-from controlplane.stall_guard import STALL_MIN_TRACKED
+from controlplane.wire import MetricReport, PushedHealth
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
 
 KEY = (DEP.app, DEP.name)

@@ -6,19 +6,11 @@ import pickle
 
 import pytest
 
-from controlplane.health_stats import HealthTotals
-from controlplane.stall_guard import (
-    STALL_EPISODE_CAP_S,
-    STALL_MIN_TRACKED,
-    STOCK_HEALTH_CHECK_PERIOD_S,
-    GuardEvent,
-    GuardState,
-    IllegalGuardTransition,
-    StallGuard,
-    is_stall,
-    next_state,
-    stagger_offset_s,
-)
+from controlplane.health.health_stats import HealthTotals
+from controlplane.health.stall_guard import (STALL_EPISODE_CAP_S, STALL_MIN_TRACKED,
+                                             STOCK_HEALTH_CHECK_PERIOD_S, GuardEvent, GuardState,
+                                             IllegalGuardTransition, StallGuard, is_stall,
+                                             next_state, stagger_offset_s)
 
 T0 = 1000.0
 WINDOW = 10.0

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import ray
 
-from controlplane import cli
-from controlplane.progress import (deployment_summary, progress_lines, render_table,
-                                   total_replicas)
 from controlplane.status import app_status, assemble_status
+from fleetplane import cli
+from fleetplane.progress import deployment_summary, progress_lines, render_table, total_replicas
 
 
 def replica(replica_id: str, state: str = "RUNNING", rank: int | None = 0,

@@ -18,8 +18,10 @@ import pytest
 import ray.cloudpickle as cloudpickle
 
 from controlplane.config import config_to_dict, parse_deploy_config
+from controlplane.errors import BuildError
 from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, shard_of, stable_hash
-from controlplane.user_code import BuildError, DeploymentRef, build_application
+from controlplane.user_code import build_application
+from controlplane.wire import DeploymentRef
 
 APPS = "tests.unit.sample_apps"
 REPO_ROOT = Path(__file__).resolve().parents[2]

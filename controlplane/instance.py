@@ -13,14 +13,8 @@ from ray.exceptions import RayTaskError
 
 from controlplane.config import DeployConfig, config_to_dict
 from controlplane.controller import Controller
+from controlplane.errors import NoInstance
 from controlplane.settings import Settings
-
-
-class NoInstance(Exception):
-    """No running Ray cluster or fleetplane controller could be found."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:

@@ -7,25 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Callable
 
 import ray
 
 from controlplane.settings import Settings, shard_actor_name
+from controlplane.wire import ROUTES_KEY, RoutesUpdate, RoutingUpdate
 
 logger = logging.getLogger(__name__)
 
-ROUTES_KEY = "routes"
 RETRY_S = 0.5
 
 
 class RoutingSubscriber:
-    """Calls ``on_routes(routes_payload)`` and ``on_deployment(key, payload_or_None)``
+    """Calls ``on_routes(RoutesUpdate)`` and ``on_deployment(key, RoutingUpdate | None)``
     whenever the controller or an owning shard publishes a change. It follows every
     deployment of every shard: payloads are small and change only with membership."""
 
-    def __init__(self, settings: Settings, on_deployment: Callable[[str, Any], None],
-                 on_routes: Callable[[dict], None] = lambda r: None) -> None:
+    def __init__(self, settings: Settings, on_deployment: Callable[[str, RoutingUpdate | None], None],
+                 on_routes: Callable[[RoutesUpdate], None] = lambda r: None) -> None:
         self._settings = settings
         self._on_deployment = on_deployment
         self._on_routes = on_routes
@@ -56,15 +56,15 @@ class RoutingSubscriber:
                 version, payload = changes[ROUTES_KEY]
                 self._apply_routes(payload)
 
-    def _apply_routes(self, payload: dict) -> None:
+    def _apply_routes(self, update: RoutesUpdate) -> None:
         # The shard count is fixed for an instance's life (the controller rejects a
         # change), so shards are followed once.
-        if not self._num_shards and payload["num_shards"]:
-            self._num_shards = payload["num_shards"]
+        if not self._num_shards and update.num_shards:
+            self._num_shards = update.num_shards
             for i in range(self._num_shards):
                 self._known.setdefault(i, {})
                 self._tasks.append(asyncio.get_running_loop().create_task(self._follow_shard(i)))
-        self._on_routes(payload)
+        self._on_routes(update)
 
     async def _follow_shard(self, index: int) -> None:
         s = self._settings

@@ -22,12 +22,13 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from controlplane.health_gate import (Apply, Defer, GateState, ProbeOutcome, StartProbe,
-                                      UsePush, Wait, consume_push, decide, push_is_stale,
-                                      resolve_probe, stale_after_s, start_probe)
-from controlplane.health_stats import HealthTotals
-from controlplane.push_registry import HealthPushRegistry, PushedHealth
-from controlplane.stall_guard import STOCK_HEALTH_CHECK_PERIOD_S, StallGuard
+from controlplane.health.health_gate import (Apply, Defer, GateState, ProbeOutcome, StartProbe,
+                                             UsePush, Wait, consume_push, decide, push_is_stale,
+                                             resolve_probe, stale_after_s, start_probe)
+from controlplane.health.health_stats import HealthTotals
+from controlplane.health.push_registry import HealthPushRegistry
+from controlplane.health.stall_guard import STOCK_HEALTH_CHECK_PERIOD_S, StallGuard
+from controlplane.wire import PushedHealth
 
 
 @dataclass(frozen=True)

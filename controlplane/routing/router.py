@@ -35,24 +35,38 @@ import contextlib
 import logging
 import random
 from collections import deque
-from typing import Any, AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterable
 
 from controlplane.clock import Clock
-from controlplane.placement import choose_replica, sample_candidates
-from controlplane.queue_len_cache import QueueLenCache
-from controlplane.retry_after import DrainRateEstimator, retry_after_s
-from controlplane.router_types import (
-    BackpressureError,
-    ReplicaInfo,
-    ReplicaTransport,
-    ReplicaUnavailableError,
-    RouterClosedError,
-    RouterSettings,
-    RouterStatistics,
-    RoutingConfig,
-)
+from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
+from controlplane.routing.placement import choose_replica, sample_candidates
+from controlplane.routing.queue_len_cache import QueueLenCache
+from controlplane.routing.retry_after import DrainRateEstimator, retry_after_s
+from controlplane.routing.routing_config import RoutingConfig
+from controlplane.routing.transport import ReplicaTransport
+from controlplane.settings import RouterSettings
+from controlplane.wire import ReplicaInfo, RoutingUpdate
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RouterStatistics:
+    """A snapshot for /metrics and status."""
+
+    deployment: str
+    num_replicas: int
+    queued: int  # requests waiting in this router for a slot
+    in_flight: int  # this router's requests running on replicas (draining ones included)
+    assigned_total: int
+    rejected_total: int
+    probe_failures_total: int
+    tickets_total: int  # requests queued at a full replica by the starvation guard
+    backoff_streak: int
+    last_retry_after_s: int | None
+    unreachable_replicas: int
+    in_flight_by_replica: dict[str, int] = field(default_factory=dict)
 
 
 class Router:
@@ -91,13 +105,13 @@ class Router:
         self._config = config
         self._dispatch()
 
-    def apply_routing_update(self, payload: Mapping[str, Any] | None) -> None:
-        """A shard's ``routing_update()`` payload; None (deployment deleted) closes."""
-        if payload is None:
+    def apply_routing_update(self, update: RoutingUpdate | None) -> None:
+        """The owning shard's routing update; None (deployment deleted) closes."""
+        if update is None:
             self.close("the deployment was deleted")
             return
-        self.update_config(RoutingConfig.from_routing_update(self._config.deployment, payload))
-        self.update_replicas(ReplicaInfo.from_dict(r) for r in payload["replicas"])
+        self.update_config(RoutingConfig.from_update(self._config.deployment, update))
+        self.update_replicas(update.replicas)
 
     def close(self, reason: str) -> None:
         """Fail every waiter with RouterClosedError; stop probes and the backoff timer."""

@@ -14,9 +14,10 @@ import concurrent.futures
 from typing import Any
 
 from controlplane.clock import SystemClock
-from controlplane.dataplane import RouterSet
-from controlplane.routing_client import RoutingSubscriber
+from controlplane.routing.router_set import RouterSet
+from controlplane.routing.subscriber import RoutingSubscriber
 from controlplane.settings import Settings
+from controlplane.wire import RoutingUpdate
 
 _FIRST_UPDATE_TIMEOUT_S = 60.0
 
@@ -46,8 +47,8 @@ class HandleRuntime:
             raise RuntimeError("deployment handles work inside fleetplane replicas only")
         return cls._instance
 
-    def _on_update(self, key: str, payload: Any) -> None:
-        self.routers.update(key, payload)
+    def _on_update(self, key: str, update: RoutingUpdate | None) -> None:
+        self.routers.update(key, update)
         self._known.setdefault(key, asyncio.Event()).set()
 
     async def call(self, key: str, method: str, args: tuple, kwargs: dict) -> Any:

@@ -34,8 +34,8 @@ import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
-from controlplane.push_registry import PushEntry
-from controlplane.stall_guard import STOCK_HEALTH_CHECK_PERIOD_S
+from controlplane.health.push_registry import PushEntry
+from controlplane.health.stall_guard import STOCK_HEALTH_CHECK_PERIOD_S
 
 # Seed 000: the pull path is the fallback "for replicas whose push has gone stale (1.5x
 # the health-check period)": one period plus half of one for the replica's half-period

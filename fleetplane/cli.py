@@ -12,9 +12,10 @@ import signal
 import sys
 import time
 
-from controlplane.cli_llm import add_llm_health_parser, cmd_llm_health
-from controlplane.config import ConfigError, load_deploy_config
-from controlplane.progress import progress_lines, render_table, total_replicas
+from controlplane.config import load_deploy_config
+from controlplane.errors import ConfigError
+from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
+from fleetplane.progress import progress_lines, render_table, total_replicas
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
@@ -52,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}\nnothing was changed.", file=sys.stderr)
         return EXIT_BAD_CONFIG
     except Exception as e:  # outermost: one clear line, not a Ray stack
-        from controlplane.client import NoInstance
-        from controlplane.errors import DeployRejected
-        from controlplane.user_code import BuildError
+        from controlplane.errors import BuildError, DeployRejected, NoInstance
         if isinstance(e, (NoInstance, DeployRejected, BuildError, TimeoutError)):
             print(f"error: {e}", file=sys.stderr)
             return EXIT_FAILED
@@ -81,7 +80,7 @@ class _Progress:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_deploy_config(args.config)  # before Ray starts: a bad file costs nothing
-    from controlplane.client import Client, connect, start_local_ray
+    from controlplane.instance import Client, connect, start_local_ray
 
     start = time.monotonic()
     if args.address:
@@ -128,7 +127,8 @@ def _serve(client, start: float, timeout_s: float) -> None:
 
 def _stop(client, start: float, embedded: bool) -> None:
     import ray
-    from controlplane.client import NoInstance
+
+    from controlplane.errors import NoInstance
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the drain finish
     try:
@@ -142,7 +142,7 @@ def _stop(client, start: float, embedded: bool) -> None:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = load_deploy_config(args.config)
-    from controlplane.client import Client, connect
+    from controlplane.instance import Client, connect
 
     connect(args.address)
     client = Client()
@@ -158,7 +158,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from controlplane.client import Client, connect
+    from controlplane.instance import Client, connect
 
     connect(args.address)
     status = Client().status()
@@ -167,7 +167,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_shutdown(args: argparse.Namespace) -> int:
-    from controlplane.client import Client, connect
+    from controlplane.instance import Client, connect
 
     connect(args.address)
     result = Client().shutdown()

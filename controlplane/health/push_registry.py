@@ -25,10 +25,10 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from controlplane.health_stats import HealthTotals
+from controlplane.health.health_stats import HealthTotals
+from controlplane.wire import PushedHealth
 
 # Seed 000 review fix: "Registry pruning is rate-limited to once per 30s".
 PRUNE_INTERVAL_S = 30.0
@@ -37,33 +37,6 @@ PRUNE_INTERVAL_S = 30.0
 # prune the very entries the stall guard counts as tracked; the owner raises it to a few
 # health periods when the period is long.
 DEFAULT_RETENTION_S = 300.0
-
-
-@dataclass(frozen=True)
-class PushedHealth:
-    """A replica's self-health result as pushed to its shard."""
-
-    healthy: bool
-    checked_at: float  # replica's monotonic clock when the check completed
-    consecutive_failures: int  # advances at most once per health period (replica side)
-
-    def __post_init__(self) -> None:
-        if self.consecutive_failures < 0:
-            raise ValueError(f"consecutive_failures must be >= 0, got {self!r}")
-        if not self.healthy and self.consecutive_failures == 0:
-            raise ValueError(f"an unhealthy result has consecutive_failures >= 1: {self!r}")
-
-    def as_fields(self) -> dict:
-        """The fields as a plain dict, for ``MetricReport.extras``."""
-        return asdict(self)
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[str, object]) -> PushedHealth | None:
-        """Read back ``as_fields``; None when the sender attached no health."""
-        if "checked_at" not in fields:
-            return None
-        return cls(healthy=bool(fields["healthy"]), checked_at=float(fields["checked_at"]),
-                   consecutive_failures=int(fields["consecutive_failures"]))
 
 
 @dataclass(frozen=True)

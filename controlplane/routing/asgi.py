@@ -1,0 +1,21 @@
+"""The one ASGI response helper of the proxy and the data plane."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+async def respond(send: Any, status: int, body: bytes | str,
+                  headers: list[tuple[bytes, bytes]] = (),
+                  content_type: bytes = b"text/plain; charset=utf-8") -> None:
+    """A complete, non-streamed ASGI response."""
+    body = body.encode() if isinstance(body, str) else body
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type),
+                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def rejection_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """``BackpressureError.headers()`` as ASGI header pairs."""
+    return [(k.lower().encode(), v.encode()) for k, v in headers.items()]

@@ -1,0 +1,78 @@
+"""The routers of one process (a proxy, or a replica holding handles).
+
+``RouterSet`` keeps one ``Router`` per deployment, fed by ``RoutingSubscriber`` pushes,
+and answers handle calls and HTTP requests through them. HTTP requests hold their router
+slot for the whole streamed response.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from controlplane.clock import Clock
+from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
+from controlplane.routing.asgi import rejection_headers, respond
+from controlplane.routing.router import Router
+from controlplane.routing.routing_config import RoutingConfig
+from controlplane.routing.transport import RayTransport, ReplicaTransport
+from controlplane.settings import RouterSettings
+from controlplane.wire import HTTPRequestData, RoutingUpdate
+
+
+class RouterSet:
+    def __init__(self, namespace: str, clock: Clock, rng: random.Random | None = None,
+                 settings: RouterSettings = RouterSettings(),
+                 transport: ReplicaTransport | None = None) -> None:
+        self.transport = transport if transport is not None else RayTransport(namespace)
+        self._settings = settings
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._routers: dict[str, Router] = {}
+
+    def update(self, key: str, update: RoutingUpdate | None) -> None:
+        router = self._routers.get(key)
+        if update is None:
+            if router is not None:
+                router.close("the deployment was deleted")
+                del self._routers[key]
+            return
+        if router is None:
+            config = RoutingConfig.from_update(key, update)
+            router = self._routers[key] = Router(config, self.transport, self._clock, self._rng,
+                                                 self._settings)
+        router.apply_routing_update(update)
+
+    def _placeable(self, key: str) -> Router | None:
+        """The deployment's router, or None while it has no running replica: waiting
+        would hang the caller for as long as none run (starting, failed to deploy, all
+        dead), so HTTP and handle callers alike are answered at once."""
+        router = self._routers.get(key)
+        return router if router is not None and router.num_replicas > 0 else None
+
+    async def call(self, key: str, method: str, args: tuple, kwargs: dict) -> Any:
+        """A handle call: the user's result, or their exception."""
+        router = self._placeable(key)
+        if router is None:
+            raise RouterClosedError(key, "it has no running replicas")
+        return await router.assign((method, args, kwargs))
+
+    async def serve_http(self, key: str, data: HTTPRequestData,
+                         send: Any) -> tuple[int, BackpressureError | None]:
+        """Answer one HTTP request through the deployment's router. Returns the status
+        sent and, for a backpressure rejection, the rejection (for metrics). Raises
+        ``StreamAborted`` when the replica failed after the response head went out."""
+        router = self._placeable(key)
+        if router is None:  # with the same hint a rejection gives
+            await respond(send, 503, f"deployment {key} has no running replicas",
+                          [(b"retry-after", b"1")])
+            return 503, None
+        try:
+            async with router.slot() as replica:
+                return await self.transport.send_http(replica, data, send), None
+        except BackpressureError as e:
+            await respond(send, e.status_code, str(e), rejection_headers(e.headers()))
+            return e.status_code, e
+        except (ReplicaUnavailableError, RouterClosedError) as e:
+            await respond(send, e.status_code, str(e))  # only raised before the head
+            return e.status_code, None

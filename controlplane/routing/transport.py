@@ -1,0 +1,156 @@
+"""How a router reaches replicas: the ``ReplicaTransport`` protocol and its Ray
+implementation, the one place where Ray's errors become ours.
+
+A transport carries both kinds of request a router places: a handle call (``send``) and
+an HTTP exchange (``send_http``: one round trip for a plain response; the replica yields
+the response head first, then body chunks, for a streamed one; ``Replica.handle_http``).
+Error translation, the same for both:
+
+- the replica's actor is gone (Ray's ActorDiedError / ActorUnavailableError for *this*
+  call) -> ``ReplicaUnavailableError`` before a response started, ``StreamAborted`` after;
+- the user's code raised -> the user's exception (unwrapped) for a handle call; for HTTP a 500 with
+  its message, or the downstream rejection's own status and Retry-After;
+- the caller went away (cancelled) -> the replica's work is cancelled too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+from controlplane.errors import BackpressureError, ReplicaUnavailableError
+from controlplane.routing.asgi import rejection_headers, respond
+from controlplane.wire import HTTPRequestData, ReplicaInfo
+
+_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
+
+
+class StreamAborted(Exception):
+    """A response failed after its head was sent; the proxy aborts the connection."""
+
+    def __init__(self, replica_id: str, reason: str) -> None:
+        super().__init__(replica_id, reason)
+        self.replica_id, self.reason = replica_id, reason
+
+
+class ReplicaTransport(Protocol):
+    """How a router reaches replicas; the proxy and handles implement it over Ray.
+
+    ``send`` raises ``ReplicaUnavailableError`` when the replica's actor is gone; any
+    other exception is the user's and passes through the router unchanged.
+    ``probe_queue_len`` answers the replica's ongoing + queued requests
+    (``Replica.get_queue_len``) within ``deadline_s``, and must never wait for a request
+    slot (DESIGN.md principle 3). ``send_http`` answers one HTTP request on ``send`` (an
+    ASGI send) and returns the status sent.
+    """
+
+    async def send(self, replica: ReplicaInfo, request: Any) -> Any: ...
+
+    async def probe_queue_len(self, replica: ReplicaInfo, deadline_s: float) -> int: ...
+
+    async def send_http(self, replica: ReplicaInfo, data: HTTPRequestData, send: Any) -> int: ...
+
+
+class RayTransport:
+    """ReplicaTransport over Ray actor calls; actor handles cached by name."""
+
+    def __init__(self, namespace: str) -> None:
+        self._namespace = namespace
+        self._handles: dict[str, Any] = {}
+
+    def handle(self, replica: ReplicaInfo) -> Any:
+        handle = self._handles.get(replica.actor_name)
+        if handle is None:
+            try:
+                handle = ray.get_actor(replica.actor_name, namespace=self._namespace)
+            except ValueError:
+                raise ReplicaUnavailableError(replica.replica_id, "actor not found") from None
+            self._handles[replica.actor_name] = handle
+        return handle
+
+    def _gone(self, replica: ReplicaInfo, error: BaseException) -> ReplicaUnavailableError:
+        self._handles.pop(replica.actor_name, None)
+        return ReplicaUnavailableError(replica.replica_id, _first_line(error))
+
+    async def send(self, replica: ReplicaInfo, request: tuple[str, tuple, dict]) -> Any:
+        method, args, kwargs = request
+        try:
+            return await self.handle(replica).handle_request.remote(method, args, kwargs)
+        except _GONE as e:
+            raise self._gone(replica, e) from None
+        except RayTaskError as e:  # the user's exception, unwrapped from Ray
+            raise (e.cause if isinstance(e.cause, Exception) else e) from None
+
+    async def probe_queue_len(self, replica: ReplicaInfo, deadline_s: float) -> int:
+        try:
+            return await asyncio.wait_for(self.handle(replica).get_queue_len.remote(),
+                                          deadline_s)
+        except _GONE as e:
+            raise self._gone(replica, e) from None
+
+    async def send_http(self, replica: ReplicaInfo, data: HTTPRequestData, send: Any) -> int:
+        """One round trip for a plain response; a second call streams a generator's."""
+        handle = self.handle(replica)
+        ref = gen = None
+        try:
+            ref = handle.handle_http.remote(data)
+            reply = await ref
+            if reply[0] == "full":
+                _, head, body = reply
+                await send({"type": "http.response.start", "status": head["status"],
+                            "headers": head["headers"]})
+                await send({"type": "http.response.body", "body": body})
+                return head["status"]
+            gen = handle.stream_http.options(num_returns="streaming").remote(reply[1])
+            head = await (await gen.__anext__())
+        except asyncio.CancelledError:  # the client went away: stop the replica's work
+            ray.cancel(gen if gen is not None else ref)
+            raise
+        except _GONE as e:
+            raise self._gone(replica, e) from None
+        except RayTaskError as e:
+            return await _user_error(send, e)
+        await send({"type": "http.response.start", "status": head["status"],
+                    "headers": head["headers"]})
+        await self._stream_body(replica, gen, send)
+        return head["status"]
+
+    async def _stream_body(self, replica: ReplicaInfo, gen: Any, send: Any) -> None:
+        try:
+            async for ref in gen:
+                await send({"type": "http.response.body", "body": await ref, "more_body": True})
+        except asyncio.CancelledError:
+            ray.cancel(gen)
+            raise
+        except (RayTaskError, *_GONE) as e:
+            # The head is out, so the status cannot change. Ending the body normally would
+            # pass a truncated response off as complete: abort the connection instead.
+            if isinstance(e, _GONE):
+                self._handles.pop(replica.actor_name, None)
+            raise StreamAborted(replica.replica_id, _first_line(e)) from None
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def user_error_text(error: RayTaskError) -> str:
+    """The user's exception as text (RayTaskError's str carries their traceback)."""
+    cause = error.cause
+    return f"{type(cause).__name__}: {cause}" if cause is not None else _first_line(error)
+
+
+async def _user_error(send: Any, error: RayTaskError) -> int:
+    """The user's exception as a response: a downstream handle's backpressure keeps its
+    status and Retry-After; anything else is a 500 with the exception's message."""
+    if isinstance(error.cause, BackpressureError):
+        cause = error.cause
+        await respond(send, cause.status_code, str(cause), rejection_headers(cause.headers()))
+        return cause.status_code
+    await respond(send, 500, f"the deployment raised {user_error_text(error)}")
+    return 500

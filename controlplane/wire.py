@@ -1,0 +1,149 @@
+"""Every message that crosses an actor boundary, in one place.
+
+Senders and receivers import their shapes from here and from nowhere else, so neither
+package reaches into the other's modules: ``replicas/`` depends on the control plane only
+through this module, the routing package and the kernel (``clock``, ``settings``,
+``errors``); the control plane never imports ``replicas/`` (the shard starts the replica
+actor by its import path, ``REPLICA_ACTOR_CLASS``). ``tests/unit/test_layering.py``
+keeps it so.
+
+Every type is a frozen dataclass of plain values, so it pickles through Ray. A new field
+gets a default, so an older sender stays valid during a rolling upgrade.
+
+| message | from -> to | carried by |
+|---|---|---|
+| ``ReplicaInit`` | shard -> replica | the replica actor's constructor |
+| ``MetricReport`` | replica -> shard | ``ControllerShard.report_metrics`` |
+| ``PushedHealth`` | replica -> shard | on a ``MetricReport``, or ``report_health`` |
+| ``DeploymentRef`` | controller's build -> replica | a constructor argument |
+| ``RoutingUpdate`` / ``ReplicaInfo`` | shard -> proxies, handles | ``listen_routing`` |
+| ``RoutesUpdate`` | controller -> proxies, handles | ``listen_routes`` |
+| ``HTTPRequestData`` | proxy -> replica | ``Replica.handle_http`` |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# The replica actor the shard starts (``module:Class``), resolved when the shard's
+# replica client is built: the control plane names it and never imports it.
+REPLICA_ACTOR_CLASS = "replicas.replica:Replica"
+
+
+@dataclass(frozen=True)
+class ReplicaInit:
+    """Everything a replica needs to construct the user's code and report to its shard."""
+
+    replica_id: str
+    app_name: str
+    deployment: str
+    serialized_def: bytes
+    user_config: Any
+    rank: int
+    max_ongoing_requests: int
+    shard_name: str
+    namespace: str
+    metrics_report_interval_s: float
+    # Defaults are the stock DEPLOYMENT_DEFAULTS / ShardSettings values.
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    unhealthy_threshold: int = 3
+    drain_min_s: float = 1.0  # ReplicaSettings.drain_min_s
+
+
+@dataclass(frozen=True)
+class PushedHealth:
+    """A replica's self-health result as pushed to its shard (seed 000)."""
+
+    healthy: bool
+    checked_at: float  # replica's monotonic clock when the check completed
+    consecutive_failures: int  # advances at most once per health period (replica side)
+
+    def __post_init__(self) -> None:
+        if self.consecutive_failures < 0:
+            raise ValueError(f"consecutive_failures must be >= 0, got {self!r}")
+        if not self.healthy and self.consecutive_failures == 0:
+            raise ValueError(f"an unhealthy result has consecutive_failures >= 1: {self!r}")
+
+
+@dataclass(frozen=True)
+class MetricReport:
+    """One replica's periodic load report to its shard."""
+
+    replica_id: str
+    sent_at: float  # replica's wall-clock time.time() when sent; for display only
+    ongoing_requests: int  # executing now
+    queued_requests: int  # accepted, waiting for a slot
+    # Push health (seed 000): the replica's newest self-check result rides on the report it
+    # sends anyway; None before its first check completed, or from a non-pushing sender.
+    health: PushedHealth | None = None
+
+    def __post_init__(self) -> None:
+        if self.ongoing_requests < 0 or self.queued_requests < 0:
+            raise ValueError(f"request counts must be >= 0, got {self!r}")
+
+    @property
+    def load(self) -> int:
+        """Requests this replica holds: the quantity autoscaling targets per replica."""
+        return self.ongoing_requests + self.queued_requests
+
+
+@dataclass(frozen=True)
+class DeploymentRef:
+    """Stands in for a bound deployment passed as a constructor argument (composition);
+    the replica turns it into a handle."""
+
+    app: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """One RUNNING replica, as routers see it."""
+
+    replica_id: str
+    actor_name: str
+    node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RoutingUpdate:
+    """What routers need of one deployment: its serving replicas and its limits.
+
+    Published by the owning shard whenever membership or limits change; a router applies
+    the replica set as a whole (replicas not in it are gone or stopping).
+    """
+
+    replicas: tuple[ReplicaInfo, ...]
+    max_ongoing_requests: int
+    max_queued_requests: int = -1  # -1: unlimited (Serve's default)
+    status_code: int = 503  # backpressure_config
+    retry_after_s: float | None = None
+    retry_after_policy: str = "static"
+
+
+ROUTES_KEY = "routes"  # the controller's long-poll key for ``RoutesUpdate``
+
+
+@dataclass(frozen=True)
+class RoutesUpdate:
+    """The controller's route table: prefix -> "app/deployment" of the ingress, and the
+    shard count (fixed for an instance's life) that subscribers follow."""
+
+    num_shards: int
+    generation: int
+    routes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HTTPRequestData:
+    """What crosses from the proxy to a replica: small, picklable, no sockets."""
+
+    method: str
+    path: str
+    query_string: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    route_prefix: str = "/"
+    client: tuple[str, int] | None = None
