@@ -7,30 +7,38 @@ target, an expired start backoff); the actions run as owned asyncio tasks
 A steady deployment costs O(1) per tick: no walk over its replicas.
 
 Health is push first (``push_health.DeploymentHealth``: pushes on metric reports and
-heartbeats, pull probes only for stale pushes, the stall guard); this shell carries out
-its actions. The failure count and the health-check-failures counter follow the
-observation that was acted on; at ``unhealthy_threshold`` the replica is replaced.
+heartbeats, pull probes only for stale pushes, the stall guard, and the rule that
+replaces a replica at ``unhealthy_threshold``); this shell carries out its actions.
+
+One writer per field: ``ReplicaOps`` runs the remote calls and reports each outcome
+through the methods under "outcomes" (``replica_created``, ``replica_started``,
+``start_failed``...); only this class assigns its fields. Start backoff and the
+DEPLOY_FAILED budget are the frozen ``StartBackoff`` value.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
 from controlplane.health.health_gate import ProbeOutcome
 from controlplane.health.health_stats import HealthTotals
 from controlplane.health.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
-                                             ProbeReplica, ReplicaCrashed)
+                                             ProbeReplica, ReplaceUnhealthy, ReplicaCrashed)
 from controlplane.health.stall_guard import StallGuard
-from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent
+from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, ReplicaState
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
                                     StartReplica, StopReplica, deployment_status, plan)
 from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec
+from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
 from controlplane.wire import PushedHealth, ReplicaInfo, RoutingUpdate
+
+if TYPE_CHECKING:
+    from controlplane.replica_ops import ReplicaOps
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +49,7 @@ _POLICY_KEYS = ("min_replicas", "max_replicas", "initial_replicas", "target_ongo
 
 class DeploymentState:
     def __init__(self, spec: DeploymentSpec, settings: ShardSettings, spawn: Spawn,
-                 ops_factory: Callable[["DeploymentState"], Any],
+                 ops_factory: Callable[[DeploymentState], ReplicaOps],
                  totals: HealthTotals | None = None) -> None:
         self.spec = spec
         self.settings = settings
@@ -49,21 +57,20 @@ class DeploymentState:
         self.replicas = ReplicaSet()
         self.ranks = RankManager()
         self.rank_gate = RankConsistencyGate(retry_after_error_s=settings.rank_error_retry_s)
-        self.handles: dict[str, Any] = {}
-        self.config_versions: dict[str, str] = {}
+        self._handles: dict[str, Any] = {}  # replica id -> the client's actor handle
+        self._config_versions: dict[str, str] = {}  # replica id -> user_config version
         self.health_totals = totals if totals is not None else HealthTotals()
         period = spec.health_check_period_s
-        self.health = DeploymentHealth(period, self.health_totals, guard=StallGuard(
-            period, self.health_totals, cap_s=settings.stall_episode_cap_s))
+        self.health = DeploymentHealth(
+            period, self.health_totals, unhealthy_threshold=settings.unhealthy_threshold,
+            guard=StallGuard(period, self.health_totals, cap_s=settings.stall_episode_cap_s))
         self.deleting = False
-        self.start_failures = 0
-        self.deploy_failed = False
-        self.backoff_until = 0.0
-        self.last_error = ""
-        self.unhealthy = False
-        self.next_seq = 0
+        self.backoff = StartBackoff()
+        self._backoff_policy = StartBackoffPolicy(settings.start_backoff_initial_s,
+                                                  settings.start_backoff_max_s,
+                                                  settings.max_constructor_retries)
+        self._next_seq = 0  # replica ids are never reused within a shard's life
         self._dirty = True
-        self.plans_run = 0  # observable: a steady deployment plans nothing
         self._metrics = MetricWindow(look_back_period_s=30.0)
         self._policy: AutoscalingPolicy | None = None
         self._scaling = ScalingState()
@@ -77,8 +84,7 @@ class DeploymentState:
     def update_spec(self, spec: DeploymentSpec) -> None:
         code_changed = spec.code_version != self.spec.code_version
         if code_changed or spec.user_config_version != self.spec.user_config_version:
-            self.deploy_failed, self.start_failures, self.backoff_until = False, 0, 0.0
-            self.last_error = ""
+            self.backoff = StartBackoff()
         if self._policy is None or spec.autoscaling_config != self.spec.autoscaling_config:
             self.target_replicas = spec.num_replicas
         timings = (spec.health_check_period_s, spec.health_check_timeout_s)
@@ -117,14 +123,13 @@ class DeploymentState:
 
     # ---- the tick --------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        if self.backoff_until and now >= self.backoff_until:
-            self.backoff_until = 0.0
+        if self.backoff.expired(now):
+            self.backoff = self.backoff.with_expired()
             self._dirty = True
         if self._policy is not None and now >= self._next_autoscale_at:
             self._autoscale(now)
         if self._dirty:
             self._dirty = False
-            self.plans_run += 1
             self._act(plan(self.snapshot(now)), now)
         self._act_health(self.health.tick(now))
         for replica_id, _old, new in run_consistency_pass(self.rank_gate, self.ranks,
@@ -133,14 +138,14 @@ class DeploymentState:
 
     def snapshot(self, now: float) -> DeploymentSnapshot:
         views = tuple(ReplicaView(r.replica_id, r.state, r.version,
-                                  self.config_versions.get(r.replica_id, ""), r.rank)
+                                  self._config_versions.get(r.replica_id, ""), r.rank)
                       for r in self.replicas.records())
         surge = max(1, int(self.settings.rolling_surge_fraction * self.target_replicas))
         return DeploymentSnapshot(
             target_replicas=self.target_replicas, target_version=self.spec.code_version,
             target_config_version=self.spec.user_config_version, replicas=views,
             deleting=self.deleting, surge=surge,
-            starts_blocked=self.deploy_failed or now < self.backoff_until)
+            starts_blocked=self.backoff.blocked(now))
 
     def _act(self, actions: list, now: float) -> None:
         for action in actions:
@@ -173,26 +178,19 @@ class DeploymentState:
             if isinstance(action, ProbeReplica):
                 self.ops.probe(action.replica_id)
             elif isinstance(action, ApplyHealth):
-                self._apply_health(action)
+                self._show_health(action)
+            elif isinstance(action, ReplaceUnhealthy):
+                logger.warning("replica %s is unhealthy: %s", action.replica_id, action.message)
+                self.ops.stop(action.replica_id, f"unhealthy: {action.message}",
+                              event=ReplicaEvent.UNHEALTHY)
             elif isinstance(action, ReplicaCrashed):
                 self.ops.replica_died(action.replica_id, action.message)
 
-    def _apply_health(self, verdict: ApplyHealth) -> None:
-        record = self.replicas.get(verdict.replica_id)
-        if record is None or record.state not in SERVING_STATES:
-            return
-        self.health_totals.health_check_failures_total += verdict.failures_counted
-        message = verdict.message or (
-            "" if verdict.healthy else
-            f"self health check failed ({verdict.failures} consecutive, {verdict.source})")
-        if verdict.failures >= self.settings.unhealthy_threshold:
-            logger.warning("replica %s failed %d health checks (%s): %s", verdict.replica_id,
-                           verdict.failures, verdict.source, message)
-            self.unhealthy = True
-            self.ops.stop(verdict.replica_id, f"unhealthy: {message}",
-                          event=ReplicaEvent.UNHEALTHY)
-        elif record.message != message:
-            self.replicas.replace(record.with_state(record.state, message=message))
+    def _show_health(self, observed: ApplyHealth) -> None:
+        record = self.replicas.get(observed.replica_id)
+        if record is not None and record.state in SERVING_STATES and \
+                record.message != observed.text:
+            self.replicas.replace(record.with_state(record.state, message=observed.text))
 
     # ---- autoscaling ---------------------------------------------------------------------
     def record_metrics(self, report: Any, now: float) -> None:
@@ -201,9 +199,9 @@ class DeploymentState:
         if self._policy is not None and report.replica_id in self.replicas:
             self._metrics.record(report, received_at=now)
 
-    def forget_replica(self, replica_id: str) -> None:
-        self.handles.pop(replica_id, None)
-        self.config_versions.pop(replica_id, None)
+    def _forget_replica(self, replica_id: str) -> None:
+        self._handles.pop(replica_id, None)
+        self._config_versions.pop(replica_id, None)
         self.health.forget(replica_id)
         self.ranks.release(replica_id)
         self._metrics.forget(replica_id)
@@ -218,6 +216,100 @@ class DeploymentState:
                         decision.target_replicas, decision.reason)
             self.target_replicas = decision.target_replicas
             self.mark_dirty()
+
+    # ---- outcomes, reported by ReplicaOps --------------------------------------------------
+    def next_replica_id(self) -> str:
+        replica_id = f"{self.spec.id.app}#{self.spec.id.name}#{self._next_seq}"
+        self._next_seq += 1
+        return replica_id
+
+    @property
+    def replicas_created(self) -> int:
+        return self._next_seq
+
+    def handle(self, replica_id: str) -> Any | None:
+        return self._handles.get(replica_id)
+
+    def handles(self) -> list[Any]:
+        return list(self._handles.values())
+
+    def transition(self, replica_id: str, event: ReplicaEvent,
+                   expect: ReplicaState | None = None, **changes: Any) -> ReplicaRecord | None:
+        """Apply one lifecycle event; terminal states drop the replica's bookkeeping.
+        With ``expect``, an outcome that arrives after the replica moved on (e.g. a start
+        finishing after a scale-down began stopping it) is ignored: returns None."""
+        current = self.replicas.get(replica_id)
+        if current is None or (expect is not None and current.state != expect):
+            return None
+        record = self.replicas.apply(replica_id, event)
+        if changes and record.state not in (ReplicaState.FAILED, ReplicaState.STOPPED):
+            record = record.with_state(record.state, **changes)
+            self.replicas.replace(record)
+        if record.state not in SERVING_STATES:
+            self.health.forget(replica_id)
+        if record.state in (ReplicaState.FAILED, ReplicaState.STOPPED):
+            self._forget_replica(replica_id)
+        self.mark_dirty()
+        return record
+
+    def replica_created(self, replica_id: str, handle: Any, actor_name: str,
+                        now: float) -> None:
+        """The client accepted the actor; it is STARTING until ``replica_started``."""
+        self.replicas.add(ReplicaRecord(
+            replica_id=replica_id, state=ReplicaState.STARTING, version=self.spec.code_version,
+            rank=self.ranks.rank_of(replica_id), started_at=now, actor_name=actor_name))
+        self._config_versions[replica_id] = self.spec.user_config_version
+        self._handles[replica_id] = handle
+
+    def replica_started(self, replica_id: str, info: dict, now: float) -> bool:
+        """Initialized and healthy: RUNNING, watched by push health. False when the
+        replica moved on meanwhile (the start is then ignored)."""
+        if self.transition(replica_id, ReplicaEvent.STARTED, expect=ReplicaState.STARTING,
+                           actor_id=info.get("actor_id"), node_id=info.get("node_id"),
+                           message="") is None:
+            return False
+        self.backoff = self.backoff.with_started()
+        self.health.note_capacity(self.replicas.count(ReplicaState.RUNNING), self.target_replicas)
+        self.health.watch(replica_id, now)
+        return True
+
+    def start_failed(self, replica_id: str, message: str, now: float,
+                     created: bool = True) -> None:
+        """A start failed (``created=False``: the client refused the actor, so there is no
+        record). Counts one failure toward backoff and the DEPLOY_FAILED budget, unless the
+        replica was stopped while starting (scale-down or redeploy: not a failure)."""
+        if created and self.transition(replica_id, ReplicaEvent.START_FAILED,
+                                       expect=ReplicaState.STARTING) is None:
+            return
+        self.backoff = self.backoff.with_failure(
+            f"replica {replica_id} failed to start:\n{message}", now, self.target_replicas,
+            self._backoff_policy)
+        self.mark_dirty()
+        logger.error("%s (failure %d, next try in %.1fs)", self.backoff.last_error,
+                     self.backoff.failures,
+                     StartBackoff.delay_s(self._backoff_policy, self.backoff.failures))
+
+    def reconfigured(self, replica_id: str, version: str) -> None:
+        if self.transition(replica_id, ReplicaEvent.RECONFIGURED, expect=ReplicaState.UPDATING):
+            self._config_versions[replica_id] = version
+
+    def reconfigure_failed(self, replica_id: str, message: str) -> None:
+        """The user's reconfigure raised (or timed out): replace the replica."""
+        record = self.replicas.get(replica_id)
+        if record is not None and record.state == ReplicaState.UPDATING:
+            self.backoff = self.backoff.with_error(f"reconfigure of {replica_id} failed:\n{message}")
+            self.ops.stop(replica_id, "reconfigure failed", event=ReplicaEvent.RECONFIGURE_FAILED)
+
+    def replica_died(self, replica_id: str, message: str) -> bool:
+        """A serving replica's actor is gone: replace it now. False when it was stopping
+        anyway or already handled."""
+        record = self.replicas.get(replica_id)
+        if record is None or record.state not in SERVING_STATES:
+            return False
+        logger.warning("replica %s died: %s", replica_id, message)
+        self.health.note_crashed()
+        self.transition(replica_id, ReplicaEvent.DIED, message=message)
+        return True
 
     # ---- routing ---------------------------------------------------------------------------
     def routing_update(self) -> RoutingUpdate | None:
@@ -242,10 +334,10 @@ class DeploymentState:
     # ---- status ---------------------------------------------------------------------------
     def status(self, now: float) -> dict:
         snap = self.snapshot(now)
-        status = deployment_status(snap, self.deploy_failed, self.unhealthy)
+        status = deployment_status(snap, self.backoff.deploy_failed, self.health.unhealthy)
         return {
             "status": status,
-            "message": self.last_error if status in ("DEPLOY_FAILED", "UPDATING") else "",
+            "message": self.backoff.last_error if status in ("DEPLOY_FAILED", "UPDATING") else "",
             "target_replicas": self.target_replicas,
             "version": self.spec.code_version,
             "autoscaling": self._policy is not None,

@@ -64,6 +64,18 @@ class ReplicaClient(Protocol):
     def kill(self, handle: Any) -> None: ...
 
 
+async def call_replica(ref: Any, timeout_s: float | None) -> Any:
+    """Await one Ray call to a replica, its errors translated into ours."""
+    try:
+        return await asyncio.wait_for(ref, timeout_s)
+    except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
+        raise ReplicaDied(str(e).splitlines()[0] if str(e) else repr(e)) from None
+    except asyncio.TimeoutError:
+        raise ReplicaCallFailed(f"timed out after {timeout_s}s") from None
+    except RayTaskError as e:  # the user's code raised: keep their traceback
+        raise ReplicaCallFailed(str(e)) from None
+
+
 def load_actor_class(path: str = REPLICA_ACTOR_CLASS) -> type:
     """The replica actor class named ``module:Class`` (the control plane never imports
     ``replicas/``: it starts the actor by name, as a plugin)."""
@@ -86,41 +98,31 @@ class RayReplicaClient:
             lifetime="detached", max_restarts=0, max_concurrency=10_000,
             **options).remote(init)
 
-    async def _call(self, ref: Any, timeout_s: float | None) -> Any:
-        try:
-            return await asyncio.wait_for(ref, timeout_s)
-        except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
-            raise ReplicaDied(str(e).splitlines()[0] if str(e) else repr(e)) from None
-        except asyncio.TimeoutError:
-            raise ReplicaCallFailed(f"timed out after {timeout_s}s") from None
-        except RayTaskError as e:  # the user's code raised: keep their traceback
-            raise ReplicaCallFailed(str(e)) from None
-
     async def initialize(self, handle: Any, timeout_s: float) -> dict:
-        return await self._call(handle.initialize.remote(), timeout_s)
+        return await call_replica(handle.initialize.remote(), timeout_s)
 
     async def check_health(self, handle: Any, timeout_s: float) -> None:
-        await self._call(handle.check_health.remote(), timeout_s)
+        await call_replica(handle.check_health.remote(), timeout_s)
 
     async def update_health_timings(self, handle: Any, period_s: float,
                                     timeout_s: float) -> None:
-        await self._call(handle.update_health_timings.remote(period_s, timeout_s), 30.0)
+        await call_replica(handle.update_health_timings.remote(period_s, timeout_s), 30.0)
 
     async def wait_until_stopped(self, handle: Any) -> None:
         """The death watch: pending until the replica is asked to stop; ``ReplicaDied`` as
         soon as the actor dies (Ray fails pending calls of a dead actor)."""
-        await self._call(handle.wait_until_stopped.remote(), None)
+        await call_replica(handle.wait_until_stopped.remote(), None)
 
     async def reconfigure(self, handle: Any, user_config: Any, timeout_s: float) -> None:
-        await self._call(handle.reconfigure.remote(user_config), timeout_s)
+        await call_replica(handle.reconfigure.remote(user_config), timeout_s)
 
     async def update_rank(self, handle: Any, rank: int) -> None:
-        await self._call(handle.update_rank.remote(rank), 30.0)
+        await call_replica(handle.update_rank.remote(rank), 30.0)
 
     async def stop(self, handle: Any, grace_s: float, extra_s: float) -> None:
         """Let in-flight requests finish (up to grace_s), then kill the actor."""
         try:
-            await self._call(handle.prepare_for_shutdown.remote(grace_s), grace_s + extra_s)
+            await call_replica(handle.prepare_for_shutdown.remote(grace_s), grace_s + extra_s)
         except (ReplicaDied, ReplicaCallFailed) as e:  # killing it anyway
             logger.info("replica did not drain cleanly (%s); killing it", e)
         self.kill(handle)

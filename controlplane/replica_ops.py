@@ -1,11 +1,11 @@
 """The acting half of a deployment's reconcile: start, stop, reconfigure, probe replicas.
 
 Each operation moves the replica record through the transition table right away
-(STARTING, STOPPING, UPDATING), then runs its remote call as an owned task; the task's
-outcome is the next event (STARTED, START_FAILED, RECONFIGURED, STOPPED, DIED...). Every
-completion marks the deployment dirty so the next tick re-plans from the new state.
-Constructor failures back off exponentially and stop after ``max_constructor_retries``
-(DEPLOY_FAILED, with the user's traceback) until the next deploy: never a hot loop.
+(STARTING, STOPPING, UPDATING), then runs its remote call as an owned task; the task
+reports its outcome to the ``DeploymentState`` (``replica_started``, ``start_failed``,
+``reconfigured``...), which owns every field: this module writes none. Every outcome
+marks the deployment dirty so the next tick re-plans from the new state. Start failures
+back off (``StartBackoff``): never a hot loop.
 
 Health: a replica that starts serving is handed to the deployment's push health
 (``watch``) and gets a death watch: one pending ``wait_until_stopped`` call, which Ray
@@ -20,10 +20,11 @@ import logging
 from typing import Any
 
 from controlplane.clock import Clock
+from controlplane.deployment_state import DeploymentState
 from controlplane.health.health_gate import ProbeOutcome, ProbeResult
-from controlplane.lifecycle import SERVING_STATES, ReplicaEvent, ReplicaState
-from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, replica_actor_name
-from controlplane.replica_set import ReplicaRecord
+from controlplane.lifecycle import ReplicaEvent
+from controlplane.replica_client import (ReplicaCallFailed, ReplicaClient, ReplicaDied,
+                                         replica_actor_name)
 from controlplane.settings import ReplicaSettings
 from controlplane.wire import ReplicaInit
 
@@ -33,8 +34,9 @@ _NAME_TRIES = 100  # names skipped when detached actors of an earlier shard stil
 
 
 class ReplicaOps:
-    def __init__(self, state: Any, client: Any, clock: Clock, shard_name: str,
-                 namespace: str, replica_settings: ReplicaSettings = ReplicaSettings()) -> None:
+    def __init__(self, state: DeploymentState, client: ReplicaClient, clock: Clock,
+                 shard_name: str, namespace: str,
+                 replica_settings: ReplicaSettings = ReplicaSettings()) -> None:
         self._d = state
         self._client = client
         self._clock = clock
@@ -43,50 +45,26 @@ class ReplicaOps:
         self._report_interval_s = replica_settings.metrics_report_interval_s
         self._drain_min_s = replica_settings.drain_min_s
 
-    def _event(self, replica_id: str, event: ReplicaEvent, expect: ReplicaState | None = None,
-               **changes: Any) -> ReplicaRecord | None:
-        """Apply one lifecycle event; terminal states drop the replica's bookkeeping.
-        With ``expect``, an outcome that arrives after the replica moved on (e.g. a start
-        finishing after a scale-down began stopping it) is ignored: returns None."""
-        d = self._d
-        current = d.replicas.get(replica_id)
-        if current is None or (expect is not None and current.state != expect):
-            return None
-        record = d.replicas.apply(replica_id, event)
-        if changes and record.state not in (ReplicaState.FAILED, ReplicaState.STOPPED):
-            record = record.with_state(record.state, **changes)
-            d.replicas.replace(record)
-        if record.state not in SERVING_STATES:
-            d.health.forget(replica_id)
-        if record.state in (ReplicaState.FAILED, ReplicaState.STOPPED):
-            d.forget_replica(replica_id)
-        d.mark_dirty()
-        return record
-
     # ---- start ------------------------------------------------------------------------------
     def start(self, now: float) -> None:
-        d, spec = self._d, self._d.spec
+        d = self._d
         for _ in range(_NAME_TRIES):
-            replica_id = f"{spec.id.app}#{spec.id.name}#{d.next_seq}"
-            d.next_seq += 1
+            replica_id = d.next_replica_id()
             try:
-                handle = self._client.create(self._init_for(replica_id), spec)
+                handle = self._client.create(self._init_for(replica_id), d.spec)
                 break
             except ValueError as e:  # the name is held by an actor from an earlier shard
                 d.ranks.release(replica_id)
                 logger.warning("replica name %s is taken (%s); using the next", replica_id, e)
             except Exception as e:  # scheduling refused (bad resources...): back off
                 d.ranks.release(replica_id)
-                self._count_start_failure(replica_id, f"{type(e).__name__}: {e}")
+                d.start_failed(replica_id, f"{type(e).__name__}: {e}", now, created=False)
                 return
         else:
-            self._count_start_failure(replica_id, f"{_NAME_TRIES} replica names were taken")
+            d.start_failed(replica_id, f"{_NAME_TRIES} replica names were taken", now,
+                           created=False)
             return
-        d.replicas.add(ReplicaRecord(replica_id=replica_id, state=ReplicaState.STARTING,
-                                     version=spec.code_version, rank=d.ranks.rank_of(replica_id),
-                                     started_at=now, actor_name=replica_actor_name(replica_id)))
-        d.config_versions[replica_id] = spec.user_config_version
-        d.handles[replica_id] = handle
+        d.replica_created(replica_id, handle, replica_actor_name(replica_id), now)
         d.spawn(self._wait_started(replica_id, handle))
 
     def _init_for(self, replica_id: str) -> ReplicaInit:
@@ -108,47 +86,20 @@ class ReplicaOps:
             info = await self._client.initialize(handle, d.settings.replica_start_timeout_s)
         except Exception as e:  # any failure to start, typed or not, must end STARTING
             self._client.kill(handle)
-            self._start_failed(replica_id, str(e) if isinstance(e, (ReplicaDied, ReplicaCallFailed))
-                               else f"{type(e).__name__}: {e}")
+            d.start_failed(replica_id, str(e) if isinstance(e, (ReplicaDied, ReplicaCallFailed))
+                           else f"{type(e).__name__}: {e}", self._clock.monotonic())
             return
-        record = self._event(replica_id, ReplicaEvent.STARTED, expect=ReplicaState.STARTING,
-                             actor_id=info.get("actor_id"),
-                             node_id=info.get("node_id"), message="")
-        if record is None:
-            return
-        d.start_failures, d.last_error = 0, ""
-        if d.unhealthy and d.replicas.count(ReplicaState.RUNNING) >= d.target_replicas:
-            d.unhealthy = False
-        d.health.watch(replica_id, self._clock.monotonic())
-        d.spawn(self._watch_death(replica_id, handle))
-
-    def _start_failed(self, replica_id: str, message: str) -> None:
-        if self._event(replica_id, ReplicaEvent.START_FAILED, expect=ReplicaState.STARTING) is None:
-            return  # stopped while starting (scale-down or redeploy): not a failure
-        self._count_start_failure(replica_id, message)
-
-    def _count_start_failure(self, replica_id: str, message: str) -> None:
-        d, settings = self._d, self._d.settings
-        d.mark_dirty()
-        d.start_failures += 1
-        d.last_error = f"replica {replica_id} failed to start:\n{message}"
-        delay = min(settings.start_backoff_initial_s * 2 ** (d.start_failures - 1),
-                    settings.start_backoff_max_s)
-        d.backoff_until = self._clock.monotonic() + delay
-        # Serve-like budget: a few tries per target replica, as one batch of starts can
-        # fail together before any backoff applies.
-        if d.start_failures >= settings.max_constructor_retries * max(1, d.target_replicas):
-            d.deploy_failed = True
-        logger.error("%s (failure %d, next try in %.1fs)", d.last_error, d.start_failures, delay)
+        if d.replica_started(replica_id, info, self._clock.monotonic()):
+            d.spawn(self._watch_death(replica_id, handle))
 
     # ---- stop --------------------------------------------------------------------------------
     def stop(self, replica_id: str, reason: str, event: ReplicaEvent = ReplicaEvent.STOP) -> None:
-        record = self._event(replica_id, event, message=reason)
-        if record is None:
+        d = self._d
+        handle = d.handle(replica_id)
+        if d.transition(replica_id, event, message=reason) is None:
             return
-        self._d.ranks.release(replica_id)
-        handle = self._d.handles.get(replica_id)
-        self._d.spawn(self._wait_stopped(replica_id, handle))
+        d.ranks.release(replica_id)
+        d.spawn(self._wait_stopped(replica_id, handle))
 
     async def _wait_stopped(self, replica_id: str, handle: Any) -> None:
         d = self._d
@@ -157,36 +108,32 @@ class ReplicaOps:
                 await self._client.stop(handle, d.spec.graceful_shutdown_timeout_s,
                                         d.settings.stop_grace_extra_s)
         finally:  # whatever happened, the record must not stay STOPPING
-            self._event(replica_id, ReplicaEvent.STOPPED)
+            d.transition(replica_id, ReplicaEvent.STOPPED)
 
     # ---- reconfigure, ranks, health ----------------------------------------------------------
     def reconfigure(self, replica_id: str) -> None:
-        if self._event(replica_id, ReplicaEvent.RECONFIGURE) is None:
+        d = self._d
+        if d.transition(replica_id, ReplicaEvent.RECONFIGURE) is None:
             return
-        spec = self._d.spec
-        self._d.spawn(self._wait_reconfigured(replica_id, spec.user_config,
-                                              spec.user_config_version))
+        d.spawn(self._wait_reconfigured(replica_id, d.handle(replica_id), d.spec.user_config,
+                                        d.spec.user_config_version))
 
-    async def _wait_reconfigured(self, replica_id: str, user_config: Any, version: str) -> None:
+    async def _wait_reconfigured(self, replica_id: str, handle: Any, user_config: Any,
+                                 version: str) -> None:
         d = self._d
         try:
-            await self._client.reconfigure(d.handles[replica_id], user_config,
+            await self._client.reconfigure(handle, user_config,
                                            d.settings.replica_start_timeout_s)
         except ReplicaDied as e:
-            self._event(replica_id, ReplicaEvent.DIED, message=str(e))
-            return
+            d.transition(replica_id, ReplicaEvent.DIED, message=str(e))
         except Exception as e:  # ReplicaCallFailed, or anything untyped
-            record = d.replicas.get(replica_id)
-            if record is not None and record.state == ReplicaState.UPDATING:
-                d.last_error = f"reconfigure of {replica_id} failed:\n{e}"
-                self.stop(replica_id, "reconfigure failed", event=ReplicaEvent.RECONFIGURE_FAILED)
-            return
-        if self._event(replica_id, ReplicaEvent.RECONFIGURED, expect=ReplicaState.UPDATING):
-            d.config_versions[replica_id] = version
+            d.reconfigure_failed(replica_id, str(e))
+        else:
+            d.reconfigured(replica_id, version)
 
     def update_health_timings(self, replica_id: str) -> None:
         """Tell a serving replica the spec's new health period and timeout (in place)."""
-        handle, spec = self._d.handles.get(replica_id), self._d.spec
+        handle, spec = self._d.handle(replica_id), self._d.spec
         if handle is not None:
             self._d.spawn(self._wait_health_timings(replica_id, handle, spec.health_check_period_s,
                                                     spec.health_check_timeout_s))
@@ -199,14 +146,14 @@ class ReplicaOps:
             logger.warning("replica %s: health timings not updated: %s", replica_id, e)
 
     def update_rank(self, replica_id: str, rank: int) -> None:
-        handle = self._d.handles.get(replica_id)
+        handle = self._d.handle(replica_id)
         if handle is not None:
             self._d.spawn(self._client.update_rank(handle, rank))
 
     def probe(self, replica_id: str) -> None:
         """Start the pull probe push health asked for; its outcome goes to
         ``probe_resolved`` exactly once."""
-        handle = self._d.handles.get(replica_id)
+        handle = self._d.handle(replica_id)
         if handle is None:  # cannot happen for a watched replica; never leave it unanswered
             logger.error("replica %s: no actor handle to probe", replica_id)
             outcome = ProbeOutcome(ProbeResult.ACTOR_CRASHED, "no actor handle")
@@ -240,13 +187,6 @@ class ReplicaOps:
 
     def replica_died(self, replica_id: str, message: str) -> None:
         """The actor is gone (death watch or a crashed probe): replace it now."""
-        d = self._d
-        record = d.replicas.get(replica_id)
-        if record is None or record.state not in SERVING_STATES:
-            return  # stopping anyway, or already handled
-        logger.warning("replica %s died: %s", replica_id, message)
-        d.unhealthy = True
-        handle = d.handles.get(replica_id)
-        self._event(replica_id, ReplicaEvent.DIED, message=message)
-        if handle is not None:
+        handle = self._d.handle(replica_id)
+        if self._d.replica_died(replica_id, message) and handle is not None:
             self._client.kill(handle)  # no-op on a dead actor; a wrong verdict leaks nothing

@@ -1,4 +1,4 @@
-"""One deployment's replicas: the records, their membership fingerprint, and memos on it.
+"""One deployment's replicas: the records, their membership fingerprint, and a memo on it.
 
 Owns: the ``ReplicaRecord`` of every live replica of a deployment, bucketed by state, and
 the derived id collections the controller reads on every tick.
@@ -13,14 +13,10 @@ Invariants:
   and invalidates every memo on an idle tick, while summed terms cancel exactly. A real
   arrival, departure or state change still changes the sum. Fields other than id and
   state (actor_id, node_id, rank, message) do not enter it.
-- The memoized collections are frozensets so a caller cannot mutate a shared memo. They
-  are recomputed only when their key changed, and never stored while a replica is
-  STARTING, because actor_id/node_id materialize during start without moving the
-  fingerprint (the seed's disarm rule). The actor/node memos are also keyed on a second
-  sum over (id, actor_id, node_id), so a placement change on a record that is not
-  STARTING (a replace() after controller recovery, a pop-and-re-add with a new actor)
-  cannot serve a stale set either; the disarm stays because during a rollout those
-  fields change on most ticks and storing would only churn.
+- ``running_ids`` is memoized on the fingerprint, as a frozenset so a caller cannot mutate
+  the shared memo: it depends on ids and states only, so it is recomputed exactly when
+  the fingerprint moves. (A memo of fields outside the fingerprint, such as actor or node
+  ids, would need its own key and the seed's disarm-while-STARTING rule.)
 - Hashes of str are salted per process, so a fingerprint means something only inside the
   process that computed it; it is a cache key, never sent to another actor.
 """
@@ -28,11 +24,9 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from controlplane.lifecycle import (
-    ACTIVE_STATES,
     SERVING_STATES,
     ReplicaEvent,
     ReplicaState,
@@ -63,10 +57,6 @@ def _membership_term(record: ReplicaRecord) -> int:
     return hash((record.replica_id, record.state.value))
 
 
-def _placement_term(record: ReplicaRecord) -> int:
-    return hash((record.replica_id, record.actor_id, record.node_id))
-
-
 class ReplicaSet:
     """The live replicas of one deployment, bucketed by state, with O(1) counts."""
 
@@ -76,9 +66,7 @@ class ReplicaSet:
             state: {} for state in ReplicaState
         }
         self._fingerprint = 0
-        # Same construction over (id, actor_id, node_id); keys the actor/node memos.
-        self._placement = 0
-        self._memos: dict[str, tuple[Hashable, frozenset[str]]] = {}
+        self._running_memo: tuple[int, frozenset[str]] | None = None  # (fingerprint, ids)
         self.memo_recomputes = 0
 
     # -- membership -------------------------------------------------------------------
@@ -114,13 +102,11 @@ class ReplicaSet:
         self._records[record.replica_id] = record
         self._buckets[record.state][record.replica_id] = record
         self._fingerprint = (self._fingerprint + _membership_term(record)) % _MOD
-        self._placement = (self._placement + _placement_term(record)) % _MOD
 
     def _discard(self, record: ReplicaRecord) -> None:
         del self._records[record.replica_id]
         del self._buckets[record.state][record.replica_id]
         self._fingerprint = (self._fingerprint - _membership_term(record)) % _MOD
-        self._placement = (self._placement - _placement_term(record)) % _MOD
 
     # -- reads ------------------------------------------------------------------------
 
@@ -146,51 +132,17 @@ class ReplicaSet:
     def fingerprint(self) -> int:
         return self._fingerprint
 
-    # -- memoized collections ---------------------------------------------------------
+    # -- the memo -----------------------------------------------------------------------
 
     def running_ids(self) -> frozenset[str]:
         """Ids of replicas that can take requests (RUNNING or UPDATING)."""
-        return self._memoized("running_ids", self._fingerprint, self._walk_running_ids)
-
-    def alive_actor_ids(self) -> frozenset[str]:
-        """Actor ids of active replicas whose actor has materialized."""
-        key = (self._fingerprint, self._placement)
-        return self._memoized("alive_actor_ids", key, self._walk_alive_actor_ids)
-
-    def node_ids(self) -> frozenset[str]:
-        """Nodes that host at least one active replica with a known node."""
-        key = (self._fingerprint, self._placement)
-        return self._memoized("node_ids", key, self._walk_node_ids)
-
-    def _memoized(
-        self, name: str, key: Hashable, walk: Callable[[], frozenset[str]]
-    ) -> frozenset[str]:
-        # While a replica is STARTING its actor_id/node_id may appear in place, so a
-        # stored result could go stale without any key change: walk, and keep nothing.
-        if self._buckets[ReplicaState.STARTING]:
-            self.memo_recomputes += 1
-            return walk()
-        memo = self._memos.get(name)
-        if memo is not None and memo[0] == key:
+        memo = self._running_memo
+        if memo is not None and memo[0] == self._fingerprint:
             return memo[1]
         self.memo_recomputes += 1
-        value = walk()
-        self._memos[name] = (key, value)
-        return value
-
-    def _walk_running_ids(self) -> frozenset[str]:
-        return self.ids_in(*SERVING_STATES)
-
-    def _walk_alive_actor_ids(self) -> frozenset[str]:
-        return frozenset(
-            r.actor_id for r in self._active_records() if r.actor_id is not None
-        )
-
-    def _walk_node_ids(self) -> frozenset[str]:
-        return frozenset(r.node_id for r in self._active_records() if r.node_id is not None)
-
-    def _active_records(self) -> list[ReplicaRecord]:
-        return [r for state in ACTIVE_STATES for r in self._buckets[state].values()]
+        ids = self.ids_in(*SERVING_STATES)
+        self._running_memo = (self._fingerprint, ids)
+        return ids
 
 
 def _refuse_terminal(record: ReplicaRecord) -> None:

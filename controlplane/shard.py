@@ -20,7 +20,7 @@ from controlplane.clock import Clock, SystemClock
 from controlplane.deployment_state import DeploymentState
 from controlplane.health.health_stats import HealthTotals
 from controlplane.long_poll import LongPollHost
-from controlplane.replica_client import RayReplicaClient
+from controlplane.replica_client import RayReplicaClient, ReplicaClient
 from controlplane.replica_ops import ReplicaOps
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 class ShardCore:
     """Everything a shard does, without Ray: the actor below only wires the real client."""
 
-    def __init__(self, index: int, settings: Settings, client: Any, clock: Clock) -> None:
+    def __init__(self, index: int, settings: Settings, client: ReplicaClient,
+                 clock: Clock) -> None:
         self.index = index
         self._settings = settings
         self._client = client
@@ -150,7 +151,7 @@ class ShardCore:
             await asyncio.sleep(self._settings.shard.tick_interval_s)
         drained = not self._deployments
         for state in self._deployments.values():  # past the deadline: no replica outlives us
-            for handle in state.handles.values():
+            for handle in state.handles():
                 self._client.kill(handle)
         return drained
 

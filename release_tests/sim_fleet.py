@@ -38,7 +38,7 @@ import ray
 from controlplane.clock import SystemClock
 from controlplane.health.health_gate import stale_after_s
 from controlplane.lifecycle import SERVING_STATES
-from controlplane.replica_client import RayReplicaClient, ReplicaCallFailed, ReplicaDied
+from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, call_replica
 from controlplane.settings import ReplicaSettings, Settings, ShardSettings, shard_actor_name
 from controlplane.shard import ControllerShard, ShardCore
 from controlplane.specs import DeploymentId, DeploymentSpec
@@ -163,13 +163,12 @@ class SimHandle:
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class SimReplicaClient(RayReplicaClient):
-    """``RayReplicaClient`` for simulated replicas: the same error mapping (``_call``),
-    calls addressed to the replica's host. Hosts are not killed by the harness, so the
-    death watch only waits for a requested stop."""
+class SimReplicaClient:
+    """A ``ReplicaClient`` for simulated replicas: the same error mapping as the real
+    one (``call_replica``), calls addressed to the replica's host. Hosts are not killed by
+    the harness, so the death watch only waits for a requested stop."""
 
     def __init__(self, namespace: str, hosts: list, recorder: UpdateRecorder) -> None:
-        super().__init__(namespace)
         self._hosts = hosts
         self._placement = itertools.cycle(range(len(hosts)))
         self._recorder = recorder
@@ -186,14 +185,14 @@ class SimReplicaClient(RayReplicaClient):
             self._end(handle)
 
     async def initialize(self, handle: SimHandle, timeout_s: float) -> dict:
-        info = await self._call(handle.host.start_replica.remote(handle.init), timeout_s)
+        info = await call_replica(handle.host.start_replica.remote(handle.init), timeout_s)
         self._recorder.on_started(handle.init.replica_id, time.monotonic())
         return info
 
     async def check_health(self, handle: SimHandle, timeout_s: float) -> None:
         replica_id, started = handle.init.replica_id, time.monotonic()
         try:
-            await self._call(handle.host.check_health.remote(replica_id), timeout_s)
+            await call_replica(handle.host.check_health.remote(replica_id), timeout_s)
         except (ReplicaCallFailed, ReplicaDied):
             now = time.monotonic()
             self._recorder.on_probe(replica_id, False, now, now - started)
@@ -217,7 +216,7 @@ class SimReplicaClient(RayReplicaClient):
     async def stop(self, handle: SimHandle, grace_s: float, extra_s: float) -> None:
         self._end(handle)
         try:
-            await self._call(handle.host.stop_replica.remote(handle.init.replica_id), extra_s)
+            await call_replica(handle.host.stop_replica.remote(handle.init.replica_id), extra_s)
         except (ReplicaDied, ReplicaCallFailed):
             pass
 
@@ -303,7 +302,7 @@ class SimShard(ControllerShard):
         state = self._core.deployment(SIM_DEPLOYMENT)
         if state is None:
             return {}
-        return {"running": state.replicas.count(*SERVING_STATES), "created": state.next_seq,
+        return {"running": state.replicas.count(*SERVING_STATES), "created": state.replicas_created,
                 "health": self._core.health_totals.statistics(time.monotonic()),
                 "stall": state.health.guard.statistics()}
 

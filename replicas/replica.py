@@ -1,11 +1,12 @@
 """The replica actor: a thin shell over ``UserCallable`` plus request accounting, the
-periodic metric report to the owning shard, and push health (``ReplicaHealthMixin``:
+periodic metric report to the owning shard, push health (one ``ReplicaHealth``:
 self-checks at half the health period, carried on the metric report, heartbeats as
-fallback).
+fallback) and the shard's death watch (``wait_until_stopped``).
 
 Lifecycle calls (``initialize``, ``check_health``, ``reconfigure``, ``prepare_for_shutdown``)
 never wait on a request slot: requests take ``max_ongoing_requests`` slots of a semaphore,
-control calls take none (DESIGN.md principle 3).
+control calls take none (DESIGN.md principle 3). ``wait_until_stopped`` stays pending
+until ``prepare_for_shutdown`` starts; the shard keeps one such call per replica.
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ import contextlib
 import itertools
 import logging
 import os
-import time
 from typing import Any, AsyncIterator
 
 import ray
 import ray.cloudpickle as cloudpickle
 
+from controlplane.clock import SystemClock
 from controlplane.routing.handles import DeploymentHandle, HandleRuntime
 from controlplane.settings import Settings
-from controlplane.wire import DeploymentRef, HTTPRequestData, MetricReport, ReplicaInit
+from controlplane.wire import (DeploymentRef, HTTPRequestData, MetricReport, PushedHealth,
+                               ReplicaInit)
 from replicas.context import ReplicaContext, set_replica_context
 from replicas.http_adapter import is_streaming, response_parts, to_starlette, unary_response
-from replicas.replica_health import ReplicaHealthMixin
+from replicas.replica_health import ReplicaHealth
+from replicas.self_health import HealthCheckFailed
 from replicas.user_callable import UserCallable
 
 logger = logging.getLogger(__name__)
@@ -34,7 +37,7 @@ logger = logging.getLogger(__name__)
 _STREAM_ABANDON_S = 60.0  # a started stream the proxy never pulls releases its slot then
 
 
-class Replica(ReplicaHealthMixin):
+class Replica:
     def __init__(self, init: ReplicaInit) -> None:
         self._init = init
         self._rank = init.rank
@@ -45,7 +48,9 @@ class Replica(ReplicaHealthMixin):
         self._idle = asyncio.Event()  # set while no request is queued or executing
         self._idle.set()
         self._reporter: asyncio.Task | None = None
-        self._setup_health()
+        self._clock = SystemClock()
+        self._health: ReplicaHealth | None = None  # once initialize constructed the user's code
+        self._stopped = asyncio.Event()  # set when the shard asked this replica to stop
         self._streams: dict[int, tuple[Any, contextlib.AsyncExitStack]] = {}
         self._stream_ids = itertools.count()
         self._set_context()
@@ -63,10 +68,25 @@ class Replica(ReplicaHealthMixin):
         if self._init.user_config is not None:
             await self._user.reconfigure(self._init.user_config)
         shard = ray.get_actor(self._init.shard_name, namespace=self._init.namespace)
-        await self._start_health(shard)
+        self._health = self._make_health(shard)
+        await self._health.start()  # a failing fresh check fails initialization
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever(shard))
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id(), "pid": os.getpid()}
+
+    def _make_health(self, shard: Any) -> ReplicaHealth:
+        i = self._init
+        key = (i.app_name, i.deployment)
+
+        async def send_heartbeat(payload: PushedHealth) -> None:
+            await shard.report_health.remote(key, i.replica_id, payload)
+
+        return ReplicaHealth(
+            self._user.check_health, clock=self._clock, send_heartbeat=send_heartbeat,
+            replica_id=i.replica_id, shard_name=i.shard_name,
+            period_s=i.health_check_period_s, timeout_s=i.health_check_timeout_s,
+            unhealthy_threshold=i.unhealthy_threshold,
+            report_interval_s=i.metrics_report_interval_s)
 
     def _resolve_arg(self, value: Any) -> Any:
         """A bound deployment passed to the constructor becomes a handle to it."""
@@ -74,6 +94,24 @@ class Replica(ReplicaHealthMixin):
             HandleRuntime.install(Settings(namespace=self._init.namespace))
             return DeploymentHandle(value.app, value.name)
         return value
+
+    # ---- health: delegations to ReplicaHealth ------------------------------------------
+    async def check_health(self) -> None:
+        """A pull probe: the cached result while the self-health task runs."""
+        if self._health is None:
+            raise HealthCheckFailed("replica is not initialized yet")
+        await self._health.check_for_probe()
+
+    async def update_health_timings(self, period_s: float, timeout_s: float) -> None:
+        """A redeploy changed health_check_period_s / _timeout_s in place."""
+        if self._health is not None:
+            self._health.set_timings(period_s, timeout_s)
+
+    async def wait_until_stopped(self) -> None:
+        """Returns once the shard asked this replica to stop. The shard keeps one of these
+        pending per replica as its death watch: Ray fails the call when the actor dies, so
+        death is seen at once without any periodic call."""
+        await self._stopped.wait()
 
     async def reconfigure(self, user_config: Any) -> None:
         await self._user.reconfigure(user_config)
@@ -150,11 +188,13 @@ class Replica(ReplicaHealthMixin):
            is stopping, and requests they already sent here still arrive;
         2. wait for in-flight requests to finish;
         3. run the user's clean-up hook (``__del__``), then stop reporting."""
-        deadline = time.monotonic() + timeout_s
-        self._stop_health()
+        deadline = self._clock.monotonic() + timeout_s
+        self._stopped.set()
+        if self._health is not None:
+            self._health.stop()
         await asyncio.sleep(min(self._init.drain_min_s, timeout_s))
         try:
-            await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - time.monotonic()))
+            await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - self._clock.monotonic()))
         except asyncio.TimeoutError:
             logger.warning("graceful shutdown: %d request(s) still running after %.1fs",
                            self._ongoing + self._queued, timeout_s)
@@ -171,16 +211,16 @@ class Replica(ReplicaHealthMixin):
                 "ongoing_requests": self._ongoing, "queued_requests": self._queued}
 
     def _report(self) -> MetricReport:
-        return MetricReport(replica_id=self._init.replica_id, sent_at=time.time(),
+        return MetricReport(replica_id=self._init.replica_id, sent_at=self._clock.wall(),
                             ongoing_requests=self._ongoing, queued_requests=self._queued,
-                            health=self._health_for_report())
+                            health=self._health.for_report())
 
     async def _report_forever(self, shard: Any) -> None:
         key = (self._init.app_name, self._init.deployment)
         while True:
             try:  # at most one report in flight: await it before the next
                 ref = shard.report_metrics.remote(key, self._report())
-                self._health_report_sent()
+                self._health.report_sent()
                 await ref
             except Exception as e:  # the shard may be restarting; keep reporting
                 logger.warning("metric report to %s failed: %r", self._init.shard_name, e)

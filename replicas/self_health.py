@@ -21,9 +21,11 @@ Invariants (seed 000, ray-project/ray#64913, and its review fixes):
   to leave the cached result healthy, so a fallback probe answered healthy for a wedged
   check. Only the self-health task's own cancellation (shutdown) propagates, unrecorded.
 - While the task runs, remote probes get the cached result and never re-run the user
-  check. Initialization and controller recovery run a fresh check, never the cache (the
-  seed's High Severity finding: a recent failure in the cache failed a live replica that
-  a fresh check passes).
+  check. Initialization runs a fresh check, never the cache (the seed's High Severity
+  finding: a recent failure in the cache failed a live replica that a fresh check passes).
+- Waits are ``asyncio.sleep`` on the running loop, so the injected clock must read the
+  loop's time: ``SystemClock`` and the default loop both read ``time.monotonic``; tests
+  run on a virtual-time loop over their ``FakeClock``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from controlplane.clock import Clock
 EVAL_JITTER_SLACK = 0.25
 
 Check = Callable[[], Awaitable[object]]
-Sleep = Callable[[float], Awaitable[None]]
 
 
 class HealthCheckFailed(Exception):
@@ -64,7 +65,6 @@ class HealthSnapshot:
 class SelfHealth:
     def __init__(self, check: Check, *, period_s: float, timeout_s: float, clock: Clock,
                  unhealthy_threshold: int = 3, logger: logging.Logger | None = None,
-                 sleep: Sleep = asyncio.sleep,
                  on_result: Callable[[HealthSnapshot], None] | None = None) -> None:
         if period_s <= 0 or timeout_s <= 0 or unhealthy_threshold < 1:
             raise ValueError(f"need period_s > 0, timeout_s > 0, unhealthy_threshold >= 1; got "
@@ -75,7 +75,6 @@ class SelfHealth:
         self._threshold = unhealthy_threshold
         self._clock = clock
         self._log = logger or logging.getLogger(__name__)
-        self._sleep = sleep
         self._on_result = on_result
         self._snapshot = HealthSnapshot(True, None, 0, False, "")
         self._last_counted_at: float | None = None  # start of the last counted failure
@@ -108,7 +107,7 @@ class SelfHealth:
                 next_at += self._period_s / 2
                 now = self._clock.monotonic()
                 next_at = max(next_at, now)  # a slow check delays, never bunches, the next
-                await self._sleep(next_at - now)
+                await asyncio.sleep(next_at - now)
         finally:
             self._running = False
 
@@ -125,10 +124,10 @@ class SelfHealth:
         await self._settle(task, now)
         return self._snapshot
 
-    # ---- remote probes, initialization, recovery ----------------------------------------
+    # ---- remote probes and initialization ----------------------------------------------
     async def check_fresh(self) -> None:
         """Run the user check now, bypassing the cache; raise ``HealthCheckFailed`` if it
-        fails. For replica initialization and controller recovery."""
+        fails. For replica initialization, and for probes while the task is not running."""
         started = self._clock.monotonic()
         task = asyncio.get_running_loop().create_task(self._call_check())
         error = await self._settle(task, started)
@@ -158,7 +157,7 @@ class SelfHealth:
 
     async def _settle(self, task: asyncio.Task, started: float) -> str | None:
         """Await ``task`` up to the timeout and record its outcome; returns the error."""
-        timer = asyncio.get_running_loop().create_task(self._sleep(self._timeout_s))
+        timer = asyncio.get_running_loop().create_task(asyncio.sleep(self._timeout_s))
         try:
             await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # our own task is cancelled: shutdown, not a verdict

@@ -3,7 +3,10 @@
 Owns: the ``GateState`` of each watched replica, the deadline queue of replica visits,
 and the wiring of the push registry, the stall guard and the pure rules of
 ``health_gate``. The deployment shell feeds it pushes and probe results and carries out
-the actions it returns (``ProbeReplica``, ``ApplyHealth``, ``ReplicaCrashed``).
+the actions it returns (``ProbeReplica``, ``ApplyHealth``, ``ReplaceUnhealthy``,
+``ReplicaCrashed``). The health rules decide here, not in the shell: a replica whose
+consecutive failures reach ``unhealthy_threshold`` is replaced, and the deployment is
+``unhealthy`` from a replacement for cause until it is back at its target.
 
 Invariants:
 
@@ -40,9 +43,8 @@ class ProbeReplica:
 
 @dataclass(frozen=True)
 class ApplyHealth:
-    """A health observation was acted on. The shell replaces the replica when
-    ``failures`` reaches its unhealthy threshold and adds ``failures_counted`` to the
-    health-check-failures counter."""
+    """A health observation below the unhealthy threshold: the shell shows ``text`` on
+    the replica. (``failures_counted`` is already in the health-check-failures counter.)"""
 
     replica_id: str
     healthy: bool
@@ -51,6 +53,20 @@ class ApplyHealth:
     source: str  # "push" or "probe"
     message: str = ""
 
+    @property
+    def text(self) -> str:
+        if self.message or self.healthy:
+            return self.message
+        return f"self health check failed ({self.failures} consecutive, {self.source})"
+
+
+@dataclass(frozen=True)
+class ReplaceUnhealthy:
+    """The replica failed ``unhealthy_threshold`` consecutive checks: replace it."""
+
+    replica_id: str
+    message: str
+
 
 @dataclass(frozen=True)
 class ReplicaCrashed:
@@ -58,7 +74,7 @@ class ReplicaCrashed:
     message: str
 
 
-HealthAction = ProbeReplica | ApplyHealth | ReplicaCrashed
+HealthAction = ProbeReplica | ApplyHealth | ReplaceUnhealthy | ReplicaCrashed
 
 
 class DeadlineQueue:
@@ -94,8 +110,12 @@ class DeploymentHealth:
 
     def __init__(self, period_s: float | None, totals: HealthTotals | None = None, *,
                  registry: HealthPushRegistry | None = None,
-                 guard: StallGuard | None = None) -> None:
+                 guard: StallGuard | None = None, unhealthy_threshold: int = 3) -> None:
         self._totals = totals if totals is not None else HealthTotals()
+        self._threshold = unhealthy_threshold
+        # True from a replacement for cause (failed checks, a crash) until a replica
+        # start brings the deployment back to its target (``note_capacity``).
+        self.unhealthy = False
         self.registry = registry if registry is not None else HealthPushRegistry(self._totals)
         self.guard = guard if guard is not None else StallGuard(period_s, self._totals)
         self._period_s = STOCK_HEALTH_CHECK_PERIOD_S
@@ -149,8 +169,8 @@ class DeploymentHealth:
         state, verdict = consume_push(self._states[replica_id], self.registry.get(replica_id))
         self._states[replica_id] = state
         if isinstance(verdict, UsePush):
-            actions.append(ApplyHealth(replica_id, verdict.healthy, verdict.failures,
-                                       verdict.failures_counted, "push"))
+            actions.append(self._judge(ApplyHealth(replica_id, verdict.healthy, verdict.failures,
+                                                   verdict.failures_counted, "push")))
 
     def _visit(self, replica_id: str, now: float, actions: list[HealthAction]) -> None:
         state = self._states[replica_id]
@@ -181,9 +201,28 @@ class DeploymentHealth:
             return []
         self._due.schedule(replica_id, now + self._period_s)  # the pull cadence
         if verdict.crashed:
+            self.unhealthy = True
             return [ReplicaCrashed(replica_id, verdict.message)]
-        return [ApplyHealth(replica_id, verdict.healthy, verdict.failures,
-                            verdict.failures_counted, "probe", verdict.message)]
+        return [self._judge(ApplyHealth(replica_id, verdict.healthy, verdict.failures,
+                                        verdict.failures_counted, "probe", verdict.message))]
+
+    def _judge(self, observed: ApplyHealth) -> ApplyHealth | ReplaceUnhealthy:
+        """Count the failures an observation adds; replace at the threshold."""
+        self._totals.health_check_failures_total += observed.failures_counted
+        if observed.failures < self._threshold:
+            return observed
+        self.unhealthy = True
+        return ReplaceUnhealthy(observed.replica_id, observed.text)
+
+    # ---- the deployment's condition -------------------------------------------------------
+    def note_crashed(self) -> None:
+        """A serving replica died outside a probe (the death watch saw it)."""
+        self.unhealthy = True
+
+    def note_capacity(self, running: int, target: int) -> None:
+        """A replica started: back at the target, the deployment is healthy again."""
+        if running >= target:
+            self.unhealthy = False
 
     # ---- reads -----------------------------------------------------------------------------
     def failures(self, replica_id: str) -> int:
@@ -192,9 +231,6 @@ class DeploymentHealth:
 
     def state(self, replica_id: str) -> GateState | None:
         return self._states.get(replica_id)
-
-    def next_visit_at(self, replica_id: str) -> float | None:
-        return self._due.due_at(replica_id)
 
     @property
     def watched(self) -> int:

@@ -83,10 +83,6 @@ class QueueLenCache:
         entry = self._entries.get(replica_id)
         return entry.in_flight if entry else 0
 
-    def others(self, replica_id: str) -> int | None:
-        entry = self._entries.get(replica_id)
-        return entry.others if entry else None
-
     def load_if_placeable(self, replica_id: str, max_ongoing: int) -> int | None:
         """The known load, or None when the replica must not get a new request: not a
         member (stopping), unreachable, or known load already at ``max_ongoing``."""

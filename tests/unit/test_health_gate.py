@@ -15,7 +15,7 @@ from controlplane.health.health_gate import (Apply, Defer, Drop, GateState, Prob
                                              start_probe)
 from controlplane.health.health_stats import HealthTotals
 from controlplane.health.push_health import (ApplyHealth, DeadlineQueue, DeploymentHealth,
-                                             ProbeReplica, ReplicaCrashed)
+                                             ProbeReplica, ReplaceUnhealthy, ReplicaCrashed)
 from controlplane.health.push_registry import HealthPushRegistry, PushEntry
 from controlplane.health.stall_guard import STALL_EPISODE_CAP_S
 from controlplane.wire import PushedHealth
@@ -362,3 +362,41 @@ def test_episode_ending_early_wakes_held_replicas_at_once():
     woken = {a.replica_id for a in ending if isinstance(a, ProbeReplica)}
     assert woken >= set(dead) - set(sim.probes_between(engaged_at - 20, engaged_at + 1))
     assert sim.totals.stall_episodes_total == 1
+
+
+# --- the replacement rule and the deployment's condition ------------------------------------
+
+
+def push_failures(health: DeploymentHealth, failures: int, at: float) -> list:
+    health.record_push("r", PushedHealth(False, at, failures), received_at=at)
+    return health.tick(at)
+
+
+def test_failures_below_the_threshold_are_shown_and_counted_not_replaced():
+    totals = HealthTotals()
+    health = DeploymentHealth(P, totals, unhealthy_threshold=3)
+    health.watch("r", T0)
+    (shown,) = push_failures(health, 2, T0 + 1)
+    assert isinstance(shown, ApplyHealth)
+    assert shown.text == "self health check failed (2 consecutive, push)"
+    assert totals.health_check_failures_total == 2 and not health.unhealthy
+
+
+def test_the_threshold_replaces_the_replica_and_marks_the_deployment_unhealthy():
+    health = DeploymentHealth(P, unhealthy_threshold=3)
+    health.watch("r", T0)
+    assert push_failures(health, 3, T0 + 1) == [
+        ReplaceUnhealthy("r", "self health check failed (3 consecutive, push)")]
+    assert health.unhealthy
+    health.note_capacity(running=1, target=2)
+    assert health.unhealthy
+    health.note_capacity(running=2, target=2)
+    assert not health.unhealthy
+
+
+def test_a_probe_that_finds_the_actor_gone_marks_the_deployment_unhealthy():
+    health = DeploymentHealth(P)
+    health.watch("r", T0)
+    health.tick(T0 + P)
+    health.probe_resolved("r", CRASHED, T0 + P + 1)
+    assert health.unhealthy

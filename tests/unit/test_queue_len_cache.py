@@ -9,6 +9,13 @@ from controlplane.routing.queue_len_cache import QueueLenCache
 T0 = 1000.0
 
 
+def others(cache: QueueLenCache, replica_id: str) -> int:
+    """Others' load as placement sees it (an unknown share counts 0; an unreachable
+    replica is not placeable and its share is forgotten)."""
+    load = cache.load_if_placeable(replica_id, max_ongoing=10**6)
+    return 0 if load is None else load - cache.in_flight(replica_id)
+
+
 def cache_with(*ids: str, ttl_s: float = 2.0) -> QueueLenCache:
     cache = QueueLenCache(ttl_s)
     cache.set_members(ids)
@@ -21,7 +28,7 @@ def test_load_is_ours_plus_others_and_full_means_not_placeable() -> None:
     assert cache.load_if_placeable("a", max_ongoing=2) == 1  # others unknown: counted 0
     cache.probe_started("a")
     cache.probe_answered("a", queue_len=2, now=T0)  # 2 reported, 1 of them ours
-    assert cache.others("a") == 1
+    assert others(cache, "a") == 1
     assert cache.load_if_placeable("a", max_ongoing=2) is None
     cache.release("a")  # our completion frees the slot at once, no probe needed
     assert cache.load_if_placeable("a", max_ongoing=2) == 1
@@ -33,11 +40,11 @@ def test_our_requests_moving_during_a_probe_are_never_counted_as_others() -> Non
     cache.probe_started("a")  # replica counts our 2
     cache.release("a")  # one of ours ends before the answer arrives
     cache.probe_answered("a", queue_len=2, now=T0)
-    assert cache.others("a") == 0
+    assert others(cache, "a") == 0
     cache.probe_started("a")
     cache.reserve("a")  # one of ours starts after the replica counted
     cache.probe_answered("a", queue_len=1, now=T0)
-    assert cache.others("a") == 0
+    assert others(cache, "a") == 0
 
 
 def test_probe_is_due_when_missing_or_older_than_ttl_and_not_while_running() -> None:
@@ -50,7 +57,7 @@ def test_probe_is_due_when_missing_or_older_than_ttl_and_not_while_running() -> 
     assert cache.needs_probe("a", T0 + 2.0)
     cache.probe_started("a")
     cache.probe_failed("a", T0 + 2.0, unreachable=False)
-    assert cache.others("a") is None and cache.load_if_placeable("a", 1) == 0
+    assert others(cache, "a") == 0 and cache.load_if_placeable("a", 1) == 0  # forgotten
     assert not cache.needs_probe("a", T0 + 3.0) and cache.needs_probe("a", T0 + 4.0)
 
 
@@ -102,7 +109,7 @@ def test_occupancy_sums_stay_exact_through_random_churn() -> None:
         else:
             cache.set_members(rng.sample("abcde", rng.randrange(1, 5)))
         members = cache.member_ids()
-        load = sum(cache.in_flight(r) + (cache.others(r) or 0) for r in members)
+        load = sum(cache.in_flight(r) + others(cache, r) for r in members)
         expected = min(1.0, load / (len(members) * 4))
         assert abs(cache.occupancy(4) - expected) < 1e-9, step
         assert cache.in_flight_total == sum(ours.values())
