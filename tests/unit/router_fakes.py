@@ -18,7 +18,7 @@ from controlplane.clock import FakeClock
 from controlplane.routing.router import Router
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.wire import ReplicaInfo
-from tests.unit.virtual_time import run_virtual
+from tests.unit.virtual_time import run_virtual, wait_all_tasks_blocked
 
 HOLD = "hold"
 DEP = "app/model"
@@ -97,7 +97,6 @@ def replica(i: int) -> ReplicaInfo:
     return ReplicaInfo(f"r{i}", f"fleetplane_replica::r{i}", "node-a")
 
 
-async def settle(rounds: int = 6) -> None:
-    """Let every ready task run (no time passes)."""
-    for _ in range(rounds):
-        await asyncio.sleep(0)
+async def settle() -> None:
+    """Let every ready task run until all are blocked again (no time passes)."""
+    await wait_all_tasks_blocked()

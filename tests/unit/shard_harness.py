@@ -1,22 +1,27 @@
-"""The shard harness of the deployment-state tests: ShardCore wired to fakes and a
-fake clock, stepped by hand (no Ray, no timers)."""
+"""The shard harness of the deployment-state tests: ShardCore wired to fakes, stepped by
+hand on the virtual-time loop (no Ray, no wall time).
+
+``run`` runs a scenario on a ``VirtualTimeLoop``; a ``Shard`` built inside it reads the
+loop's FakeClock, so timers and the shard agree on the time. ``step`` ticks, then waits
+until every owned task (start, stop, probe, reconfigure) is blocked again: however many
+``await``s a task chain takes, never a counted number of yields. Time moves only by
+``advance``. The shard's own reconcile loop is parked (an interval far past any test), so
+only the ticks a test asks for happen."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from dataclasses import replace
-
 
 from controlplane.clock import FakeClock
 from controlplane.settings import Settings, ShardSettings
 from controlplane.shard import ShardCore
 from controlplane.specs import DeploymentId, DeploymentSpec
 from tests.unit.fakes import FakeReplicaClient
+from tests.unit.virtual_time import loop_clock, run_virtual, wait_all_tasks_blocked
 
 DEP = DeploymentId("app", "model")
-LOOP_PARKED_S = 3600.0  # the shard's own loop ticks once, then waits past the test
-YIELDS_PER_TICK = 4  # deep enough for the longest task chain (reconfigure fails -> stop)
+LOOP_PARKED_S = 1e9  # the shard's own loop ticks once, then waits past any test
 TRACEBACK = 'Traceback (most recent call last):\n  File "model.py", line 3\nValueError: boom'
 SERVING = ("RUNNING", "UPDATING")
 
@@ -40,14 +45,13 @@ class Shard:
         self.settings = Settings(shard=ShardSettings(tick_interval_s=LOOP_PARKED_S,
                                                      **shard_settings))
         self.client = FakeReplicaClient()
-        self.clock = FakeClock()
+        self.clock = loop_clock()
         self.core = ShardCore(0, self.settings, self.client, self.clock)
 
     async def step(self, ticks: int = 1) -> None:
         for _ in range(ticks):
             self.core.tick()
-            for _ in range(YIELDS_PER_TICK):
-                await asyncio.sleep(0)
+            await wait_all_tasks_blocked()
 
     async def deploy(self, spec: DeploymentSpec, ticks: int = 3) -> None:
         self.core.apply([spec], [])
@@ -78,7 +82,7 @@ class Shard:
 
 
 def run(scenario) -> None:
-    asyncio.run(scenario())
+    run_virtual(FakeClock(), scenario)
 
 
 async def deployed(n: int = 3, **spec_changes) -> Shard:

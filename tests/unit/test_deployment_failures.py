@@ -12,12 +12,12 @@ from contextlib import contextmanager
 import pytest
 
 from controlplane import reconcile
-from controlplane.clock import FakeClock
 from controlplane.deployment_state import DeploymentState
 from controlplane.replica_client import ReplicaCallFailed, ReplicaDied
 from controlplane.replica_ops import ReplicaOps
 from controlplane.settings import ShardSettings
 from tests.unit.fakes import FakeReplicaClient
+from tests.unit.virtual_time import loop_clock, wait_all_tasks_blocked
 
 from tests.unit.shard_harness import Shard, TRACEBACK, deployed, make_spec, run
 
@@ -240,7 +240,7 @@ def counting_calls(func):
 
 def test_steady_state_ticks_do_not_plan_or_walk_replicas():
     async def scenario():
-        client, clock = FakeReplicaClient(), FakeClock()
+        client, clock = FakeReplicaClient(), loop_clock()
         tasks: set[asyncio.Task] = set()
 
         def spawn(coro):
@@ -253,7 +253,7 @@ def test_steady_state_ticks_do_not_plan_or_walk_replicas():
             d, client, clock, "shard_0", "ns"))
         for _ in range(4):
             state.tick(clock.monotonic())
-            await asyncio.sleep(0)
+            await wait_all_tasks_blocked()
         assert state.status(clock.monotonic())["status"] == "HEALTHY"
         calls, recomputes = len(client.calls), state.replicas.memo_recomputes
         passes = state.rank_gate.passes_run
@@ -261,7 +261,7 @@ def test_steady_state_ticks_do_not_plan_or_walk_replicas():
         with counting_calls(reconcile.plan) as plans:
             for _ in range(200):
                 state.tick(clock.monotonic())
-                await asyncio.sleep(0)
+                await wait_all_tasks_blocked()
         assert plans == []
         assert len(client.calls) == calls
         assert state.replicas.memo_recomputes == recomputes

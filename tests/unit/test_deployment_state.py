@@ -1,13 +1,12 @@
 """A shard reconciling one deployment against FakeReplicaClient, on a FakeClock.
 
-Each test drives ``ShardCore`` (or ``DeploymentState``) inside ``asyncio.run``: the test
-calls ``tick()`` itself and yields to the loop with ``asyncio.sleep(0)`` so the owned
-tasks (start, stop, probe, reconfigure) run; time moves only by ``FakeClock.advance``.
+Each test drives ``ShardCore`` on the virtual-time loop (``shard_harness``): the test
+ticks, the harness waits until the owned tasks (start, stop, probe, reconfigure) are
+blocked again, and time moves only by ``FakeClock.advance``.
 
 ShardCore.apply() also starts the shard's own reconcile loop, which ticks once and then
-sleeps on the real clock for ``tick_interval_s``. The harness sets that interval to an
-hour, so the loop contributes exactly one tick (at the first yield after the first apply)
-and is cancelled with the event loop when the test ends.
+waits ``tick_interval_s``; the harness parks that interval far past any test, so the loop
+contributes exactly one tick and is cancelled with the event loop when the test ends.
 """
 
 from __future__ import annotations

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+from controlplane.clock import FakeClock
 from controlplane.long_poll import LongPollHost
+from tests.unit.virtual_time import run_virtual, wait_all_tasks_blocked
 
 
 def run(coro):
-    return asyncio.run(coro)
+    """On the virtual-time loop: listen timeouts take no wall time."""
+    return run_virtual(FakeClock(), lambda: coro)
 
 
 def test_listener_gets_what_it_does_not_know_at_once():
@@ -32,9 +35,9 @@ def test_same_payload_wakes_nobody_and_a_change_wakes_waiters():
         host.publish("a", 1)
         known = {"a": host.snapshot({}, watch_all=True)["a"][0]}
         waiter = asyncio.create_task(host.listen(known, watch_all=True, timeout_s=5))
-        await asyncio.sleep(0)
+        await wait_all_tasks_blocked()
         assert host.publish("a", 1) is False
-        await asyncio.sleep(0)
+        await wait_all_tasks_blocked()
         assert not waiter.done()
         assert host.publish("a", 2) is True
         changes = await waiter

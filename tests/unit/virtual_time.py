@@ -70,6 +70,15 @@ async def wait_all_tasks_blocked() -> None:
     await loop.idle_future()
 
 
+def loop_clock() -> FakeClock:
+    """The clock of the running ``VirtualTimeLoop``: shells built inside a test read the
+    same time the loop's timers use."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, VirtualTimeLoop):
+        raise TypeError("loop_clock needs run_virtual's VirtualTimeLoop")
+    return loop._virtual_clock
+
+
 def run_virtual(clock: FakeClock, main: Callable[[], Awaitable[Any]]) -> Any:
     """``asyncio.run(main())`` on a loop whose time is ``clock``."""
     with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(clock)) as runner:
