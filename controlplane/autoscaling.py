@@ -7,13 +7,14 @@ Owns:
 - ``MetricWindow``: per deployment, the recent reports of each replica and the load
   averaged over the look-back period.
 - ``AutoscalingPolicy`` / ``ScalingState`` / ``decide``: the pure decision of how many
-  replicas a deployment should target, given that load and ``now``.
+  replicas a deployment should target, given that load and ``now``. The policy's
+  defaults and checks are the deploy schema's (``config.AutoscalingConfig``), not here.
 
 Invariants:
 
 - No I/O and no clock reads here: the shard shell passes ``received_at`` and ``now`` from
-  its monotonic ``Clock``. The window is keyed on ``received_at``, never on the replica's
-  ``sent_at``: replica wall clocks drift, the shard's clock is the one every sample shares.
+  its monotonic ``Clock``. The window is keyed on ``received_at``, never on a replica's
+  clock: replica clocks drift, the shard's clock is the one every sample shares.
 - A window holds at most ``max_samples_per_replica`` samples per replica, so its memory
   is bounded by the replicas it has not been told to ``forget``.
 - ``decide`` never returns a target outside ``[min_replicas, max_replicas]``; bounds apply
@@ -25,8 +26,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
+from controlplane.config import AutoscalingConfig
 from controlplane.wire import MetricReport
 
 # A ratio within this of a whole number counts as that number: averaging samples adds
@@ -89,20 +92,13 @@ class MetricWindow:
         return sum(loads) / len(loads) if loads else None
 
 
-_POLICY_DEFAULTS: dict[str, object] = {
-    "min_replicas": 1,
-    "max_replicas": 1,
-    "target_ongoing_requests": 2.0,
-    "upscale_delay_s": 30.0,
-    "downscale_delay_s": 600.0,
-    "look_back_period_s": 30.0,
-    "initial_replicas": None,
-}
-
-
 @dataclass(frozen=True)
 class AutoscalingPolicy:
-    """A deployment's autoscaling settings; defaults follow Ray Serve's AutoscalingConfig."""
+    """A deployment's autoscaling settings, as the decision reads them.
+
+    A plain value: the deploy schema (``config.AutoscalingConfig``) is the one place
+    their defaults and checks live, and ``from_config`` is the way in.
+    """
 
     min_replicas: int
     max_replicas: int
@@ -112,42 +108,18 @@ class AutoscalingPolicy:
     look_back_period_s: float  # window the load is averaged over
     initial_replicas: int | None = None  # first target; None means min_replicas
 
-    def __post_init__(self) -> None:
-        problems = _policy_problems(self)
-        if problems:
-            raise ValueError("invalid autoscaling_config: " + "; ".join(problems))
-
     @classmethod
-    def from_config(cls, cfg: Mapping) -> AutoscalingPolicy:
-        """Build from the user's ``autoscaling_config`` dict; missing keys take defaults.
-
-        Unknown keys are rejected: a misspelt ``max_replica`` silently meaning 1 replica
-        is worse than a deploy that fails with the key's name.
+    def from_config(cls, cfg: AutoscalingConfig | Mapping[str, Any]) -> AutoscalingPolicy:
+        """From the schema's ``AutoscalingConfig``, or a spec's ``autoscaling_config``
+        mapping (validated and filled in at build). A mapping is read through the schema
+        again, so a partial one gets the schema's defaults and a bad one raises its
+        ``ValidationError`` (a ``ValueError``) naming the field, never a guess here.
         """
-        unknown = sorted(set(cfg) - set(_POLICY_DEFAULTS))
-        if unknown:
-            raise ValueError(f"unknown autoscaling_config keys: {unknown}")
-        return cls(**{**_POLICY_DEFAULTS, **cfg})
+        model = cfg if isinstance(cfg, AutoscalingConfig) else AutoscalingConfig.model_validate(cfg)
+        return cls(**{f.name: getattr(model, f.name) for f in fields(cls)})
 
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
-
-
-def _policy_problems(p: AutoscalingPolicy) -> list[str]:
-    problems = []
-    if p.min_replicas < 0:
-        problems.append(f"min_replicas must be >= 0, got {p.min_replicas}")
-    if p.max_replicas < 1 or p.max_replicas < p.min_replicas:
-        problems.append(f"max_replicas must be >= max(1, min_replicas), got {p.max_replicas}")
-    if p.target_ongoing_requests <= 0:
-        problems.append(f"target_ongoing_requests must be > 0, got {p.target_ongoing_requests}")
-    for name in ("upscale_delay_s", "downscale_delay_s", "look_back_period_s"):
-        if getattr(p, name) < 0:
-            problems.append(f"{name} must be >= 0, got {getattr(p, name)}")
-    initial = p.initial_replicas
-    if initial is not None and not p.min_replicas <= initial <= p.max_replicas:
-        problems.append(f"initial_replicas must be within [min, max], got {initial}")
-    return problems
 
 
 @dataclass(frozen=True)

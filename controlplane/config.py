@@ -9,6 +9,10 @@ Invariants:
   is normalised to its JSON form, so ``parse_deploy_config(config_to_dict(c)) == c``.
 - In ``DeploymentConfig`` every option defaults to None, meaning "not set here"; the
   code's value or the built-in default applies. ``overrides()`` is what this file sets.
+- Options set in code (``serve.deployment(...)``) go through the same models
+  (``check_deployment_options``, called by ``user_code`` with the config's laid over
+  them), so the schema is the one place their defaults and checks live; in particular
+  ``AutoscalingConfig`` is what ``autoscaling.AutoscalingPolicy`` is built from.
 - A bad config raises one ``ConfigError`` listing every problem, each as
   ``field.path: message``, so the user fixes them in one pass.
 """
@@ -154,10 +158,12 @@ class RayActorOptions(BaseModel):
         return {k: v for k, v in self.model_dump().items() if v is not None and v != {}}
 
 
-class DeploymentConfig(BaseModel):
+class DeploymentOptions(BaseModel):
+    """A deployment's options, wherever they are set: a ``deployments[]`` entry of the
+    file (``DeploymentConfig``), or code with the file's entry laid over it."""
+
     model_config = _MODEL_CONFIG
 
-    name: Name = Field(..., description="Deployment name, as in the application's code.")
     num_replicas: int | None = Field(None, ge=0, description="Fixed replica count.")
     max_ongoing_requests: int | None = Field(None, ge=1, description="Requests a replica runs at once.")
     max_queued_requests: int | None = Field(
@@ -183,7 +189,7 @@ class DeploymentConfig(BaseModel):
         return _as_json(value)
 
     @model_validator(mode="after")
-    def _one_way_to_size(self) -> DeploymentConfig:
+    def _one_way_to_size(self) -> DeploymentOptions:
         if self.num_replicas is not None and self.autoscaling_config is not None:
             raise _conflict(
                 ["set either num_replicas or autoscaling_config, not both; remove num_replicas "
@@ -204,6 +210,12 @@ class DeploymentConfig(BaseModel):
             if value is not None:
                 result[field] = value.model_dump() if isinstance(value, BaseModel) else value
         return result
+
+
+class DeploymentConfig(DeploymentOptions):
+    """One ``deployments[]`` entry: the options this file sets for the named deployment."""
+
+    name: Name = Field(..., description="Deployment name, as in the application's code.")
 
 
 def _check_import_path(value: str) -> str:
@@ -313,6 +325,17 @@ def parse_deploy_config(data: object, source: str = "<config>") -> DeployConfig:
         raise ConfigError(source, errors) from exc
 
 
+def check_deployment_options(options: dict[str, Any], source: str) -> dict[str, Any]:
+    """Options merged from code and config, through the schema: the ones set, normalised,
+    nested models whole (``autoscaling_config`` with its defaults filled in). Raise
+    ConfigError listing every problem as ``field.path: message``."""
+    try:
+        return DeploymentOptions.model_validate(options).overrides()
+    except ValidationError as exc:
+        errors = [line for err in exc.errors() for line in _describe(err, DeploymentOptions)]
+        raise ConfigError(source, errors) from exc
+
+
 def load_deploy_config(path: str | os.PathLike) -> DeployConfig:
     """Read and validate a YAML deploy config file."""
     source = os.fsdecode(path)
@@ -348,11 +371,12 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {what or exc}"
 
 
-def _describe(err: Any) -> list[str]:
-    """One pydantic error as 'field.path: message (got: input)' lines."""
+def _describe(err: Any, root: type[BaseModel] = DeployConfig) -> list[str]:
+    """One pydantic error as 'field.path: message (got: input)' lines; ``loc`` starts at
+    ``root``."""
     loc, kind, ctx = tuple(err["loc"]), err["type"], err.get("ctx") or {}
     if kind == "extra_forbidden":
-        accepted = ", ".join(_model_at(loc[:-1]).model_fields)
+        accepted = ", ".join(_model_at(loc[:-1], root).model_fields)
         return [f"{_format_path(loc)}: unknown field; accepted fields: {accepted}"]
     if kind == _CONFLICT:
         path = _format_path(loc + ((ctx["field"],) if "field" in ctx else ()))
@@ -375,9 +399,9 @@ def _format_path(loc: tuple[str | int, ...]) -> str:
     return path or _ROOT
 
 
-def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel]:
-    """The model that owns the fields at ``loc``, walking field annotations from the top."""
-    model: type[BaseModel] = DeployConfig
+def _model_at(loc: tuple[str | int, ...], root: type[BaseModel]) -> type[BaseModel]:
+    """The model that owns the fields at ``loc``, walking field annotations from ``root``."""
+    model = root
     for part in loc:
         field = model.model_fields.get(part) if isinstance(part, str) else None
         if field is not None:

@@ -8,8 +8,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+# ``controller.health``'s counters, each ``fleetplane_health_<name>``; tick_errors counts
+# deployment ticks that raised in a shard (the controller's own health, not a replica's).
 _HEALTH_COUNTERS = ("pushes", "heartbeats", "pull_probes", "stall_episodes",
-                    "health_check_failures")
+                    "health_check_failures", "tick_errors")
 
 
 class ControllerHealthCollector:

@@ -7,6 +7,10 @@ deployment. Pushes are stamped with the shard's monotonic time on arrival. The p
 counters (``HealthTotals``) are shard-wide, so a deleted deployment never takes its counts
 with it. Every background task is owned by the shard (kept in ``_tasks``, errors
 logged with the deployment they belong to), so nothing runs unowned.
+
+A deployment whose tick raises is backed off (``ErrorBackoff``: 0.1 s doubling to 30 s on
+the shard's clock, reset by one clean tick) while the others keep ticking; each raise is
+counted in ``tick_errors_total`` and its traceback logged only when the error changes.
 """
 
 from __future__ import annotations
@@ -22,11 +26,15 @@ from controlplane.health.health_stats import HealthTotals
 from controlplane.long_poll import LongPollHost
 from controlplane.replica_client import RayReplicaClient, ReplicaClient
 from controlplane.replica_ops import ReplicaOps
+from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
 from controlplane.wire import PushedHealth
 
 logger = logging.getLogger(__name__)
+
+# A tick that raised is a bug, not load: retry soon, then rarely, never in a hot loop.
+_TICK_BACKOFF = ErrorBackoff(initial_s=0.1, max_s=30.0)
 
 
 class ShardCore:
@@ -43,6 +51,7 @@ class ShardCore:
         self._loop_task: asyncio.Task | None = None
         self.routing = LongPollHost()  # key: str(DeploymentId) -> routing payload
         self.health_totals = HealthTotals()
+        self._tick_backoffs: dict[DeploymentId, ErrorBackoff] = {}  # ticks that raised
         self.ticks = 0
         self.last_tick_s = 0.0
 
@@ -99,13 +108,11 @@ class ShardCore:
         started = time.perf_counter()
         now = self._clock.monotonic()
         for dep_id, state in list(self._deployments.items()):
-            try:
-                state.tick(now)
-            except Exception:  # one deployment's bug must not stall the others
-                logger.exception("shard %d: tick of %s failed", self.index, dep_id)
+            if not self._tick_deployment(dep_id, state, now):
                 continue
             if state.finished_deleting:
                 del self._deployments[dep_id]
+                self._tick_backoffs.pop(dep_id, None)
                 self.routing.remove(str(dep_id))
                 continue
             update = state.routing_update()
@@ -113,6 +120,37 @@ class ShardCore:
                 self.routing.publish(str(dep_id), update)
         self.ticks += 1
         self.last_tick_s = time.perf_counter() - started
+
+    def _tick_deployment(self, dep_id: DeploymentId, state: DeploymentState, now: float) -> bool:
+        """Tick one deployment unless it is backing off; False when its tick raised."""
+        backoff = self._tick_backoffs.get(dep_id)
+        if backoff is not None and not backoff.due(now):
+            return True  # skipped, not failed: its routing and deletion still move on
+        try:
+            state.tick(now)
+        except Exception as e:  # one deployment's bug must not stall the others
+            self._tick_failed(dep_id, backoff or _TICK_BACKOFF, e, now)
+            return False
+        if backoff is not None and backoff.failing:
+            self._tick_backoffs[dep_id] = backoff.cleared()
+            if backoff.logged:
+                logger.info("shard %d: tick of %s succeeds again after %d failures",
+                            self.index, dep_id, backoff.failures)
+        return True
+
+    def _tick_failed(self, dep_id: DeploymentId, backoff: ErrorBackoff, error: Exception,
+                     now: float) -> None:
+        text = f"{type(error).__name__}: {error}"
+        failed = self._tick_backoffs[dep_id] = backoff.with_failure(now, text)
+        self.health_totals.tick_errors_total += 1
+        if backoff.is_new(text):
+            logger.error("shard %d: tick of %s failed; retrying in %gs, backing off to %gs; "
+                         "until the error changes, repeats are only counted "
+                         "(tick_errors_total)", self.index, dep_id,
+                         failed.retry_at - now, failed.max_s, exc_info=error)
+        else:
+            logger.debug("shard %d: tick of %s failed again (%d in a row): %s",
+                         self.index, dep_id, failed.failures, text)
 
     def now(self) -> float:
         return self._clock.monotonic()
@@ -137,6 +175,7 @@ class ShardCore:
             "index": self.index,
             "deployments": {str(k): s.status(now) for k, s in self._deployments.items()},
             "ticks": self.ticks,
+            "tick_errors_total": self.health_totals.tick_errors_total,
             "last_tick_ms": round(self.last_tick_s * 1000, 3),
             "health": self.health_totals.statistics(now),
         }

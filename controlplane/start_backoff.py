@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from controlplane.routing.backoff import ErrorBackoff
+
 
 @dataclass(frozen=True)
 class StartBackoffPolicy:
@@ -42,8 +44,9 @@ class StartBackoff:
 
     @staticmethod
     def delay_s(policy: StartBackoffPolicy, failures: int) -> float:
-        """The hold after the ``failures``-th consecutive failure."""
-        return min(policy.initial_s * 2 ** (failures - 1), policy.max_s)
+        """The hold after the ``failures``-th consecutive failure (the doubling rule of
+        every backoff here, ``ErrorBackoff``)."""
+        return ErrorBackoff(policy.initial_s, policy.max_s).delay_s(failures)
 
     def with_started(self) -> StartBackoff:
         """A replica started: the streak and its message end (a running backoff and a

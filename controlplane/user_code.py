@@ -11,7 +11,11 @@ Accepted targets (so existing Ray Serve apps run unchanged):
   above.
 
 Option precedence, lowest first: built-in defaults, options set in code, the deploy
-config's ``deployments[]`` entry. This module runs inside a Ray task (``max_calls=1``, so a
+config's ``deployments[]`` entry. The options set in code, with the entry laid over them,
+go through the deploy schema (``config.check_deployment_options``) like the file's own, so
+a bad ``autoscaling_config`` in ``serve.deployment(...)`` fails the deploy before anything
+is committed, naming the application, the deployment and the field; the schema also fills
+in the autoscaling defaults. This module runs inside a Ray task (``max_calls=1``, so a
 re-deploy imports the user's code afresh); errors are ``BuildError`` carrying the user's
 traceback.
 """
@@ -21,15 +25,20 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import logging
 import traceback
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import ray.cloudpickle as cloudpickle
 
-from controlplane.errors import BuildError
+from controlplane.autoscaling import AutoscalingPolicy, initial_target
+from controlplane.config import AutoscalingConfig, check_deployment_options
+from controlplane.errors import BuildError, ConfigError
 from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, DeploymentSpec, stable_hash
 from controlplane.wire import DeploymentRef
+
+logger = logging.getLogger(__name__)
 
 _SERVE_OPTION_NAMES = tuple(k for k in DEPLOYMENT_DEFAULTS if k != "ray_actor_options")
 
@@ -132,23 +141,57 @@ def _serve_code_options(dep: Any) -> dict:
     for name in ("autoscaling_config", "backpressure_config"):
         if options.get(name) is not None:
             options[name] = options[name].model_dump(exclude_unset=True)
+    if options.get("autoscaling_config") is not None:
+        options["autoscaling_config"] = _known_autoscaling(dep.name, options["autoscaling_config"])
     options["ray_actor_options"] = dict(dep.ray_actor_options or {})
     return options
 
 
+def _known_autoscaling(deployment: str, options: dict) -> dict:
+    """Serve's autoscaling tuning knobs that fleetplane does not implement (smoothing
+    factors, metrics intervals...) are valid Serve code, so an existing app keeps running:
+    they are dropped with a warning, and the rest goes through the schema."""
+    unknown = sorted(set(options) - set(AutoscalingConfig.model_fields))
+    if unknown:
+        logger.warning("deployment %s: autoscaling options set in code that fleetplane does "
+                       "not implement are ignored: %s", deployment, ", ".join(unknown))
+    return {k: v for k, v in options.items() if k in AutoscalingConfig.model_fields}
+
+
+def _merged_options(app: str, found: _Found, override: Mapping[str, Any]) -> dict:
+    """Code's options with the config's laid over them, checked by the schema.
+
+    The config's sizing (num_replicas or autoscaling_config) replaces the code's other
+    one. ``ray_actor_options`` stays out of the check: code may set any option Ray takes,
+    more than the config's model knows, and Ray checks them when it creates the actor.
+    """
+    chosen = {k: v for k, v in found.code_options.items() if v is not None}
+    config_set = {k: v for k, v in override.items() if k != "name" and v is not None}
+    if "autoscaling_config" in config_set:
+        chosen.pop("num_replicas", None)
+    elif "num_replicas" in config_set:
+        chosen.pop("autoscaling_config", None)
+    chosen.update(config_set)
+    actor_options = chosen.pop("ray_actor_options", None)
+    source = f"application '{app}', deployment '{found.name}'"
+    try:
+        checked = check_deployment_options(chosen, source)
+    except ConfigError as e:
+        problems = "".join(f"\n  - {error}" for error in e.errors)
+        raise BuildError(app, f"deployment '{found.name}': invalid options (set in code, "
+                         f"with the config's deployments[] entry laid over them):{problems}"
+                         ) from None
+    if actor_options is not None:
+        checked["ray_actor_options"] = actor_options
+    return checked
+
+
 def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, Any],
           ingress: bool) -> DeploymentSpec:
-    options = dict(DEPLOYMENT_DEFAULTS)
-    options.update(found.code_options)
-    options.update({k: v for k, v in override.items() if k != "name" and v is not None})
-    if override.get("autoscaling_config") is not None:
-        options["num_replicas"] = None
-    elif override.get("num_replicas") is not None:
-        options["autoscaling_config"] = None  # a fixed count in the config wins over code
-    if options.get("autoscaling_config") is not None:  # the config rejects setting both
-        auto = options["autoscaling_config"]
-        initial = auto.get("initial_replicas")
-        options["num_replicas"] = initial if initial is not None else auto.get("min_replicas", 1)
+    options = {**DEPLOYMENT_DEFAULTS, **_merged_options(app_config["name"], found, override)}
+    if options["autoscaling_config"] is not None:  # the schema rejects setting both
+        options["num_replicas"] = initial_target(
+            AutoscalingPolicy.from_config(options["autoscaling_config"]))
     backpressure = dict(DEPLOYMENT_DEFAULTS["backpressure_config"])
     backpressure.update(options["backpressure_config"] or {})
     runtime_env = dict(app_config.get("runtime_env") or {})

@@ -72,7 +72,6 @@ class MetricReport:
     """One replica's periodic load report to its shard."""
 
     replica_id: str
-    sent_at: float  # replica's wall-clock time.time() when sent; for display only
     ongoing_requests: int  # executing now
     queued_requests: int  # accepted, waiting for a slot
     # Push health (seed 000): the replica's newest self-check result rides on the report it

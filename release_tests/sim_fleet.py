@@ -127,7 +127,7 @@ class SimHost:
                 heapq.heappush(self._due, (now + r.init.metrics_report_interval_s, replica_id))
                 continue
             health = r.newest_result(now) if self._push else None
-            report = MetricReport(replica_id, time.time(), 0, 0, health=health)
+            report = TimedReport(replica_id, 0, 0, health=health, sent_at=time.time())
             key = (r.init.app_name, r.init.deployment)
             try:
                 self._in_flight[self._shard.report_metrics.remote(key, report)] = replica_id
@@ -156,6 +156,15 @@ class SimHost:
 
 
 # ---- controller side ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimedReport(MetricReport):
+    """A metric report stamped when the simulated replica sent it, so the harness can
+    measure how long the shard took to take it in (hosts and shard share this machine's
+    wall clock)."""
+
+    sent_at: float = 0.0
+
+
 @dataclass
 class SimHandle:
     init: ReplicaInit

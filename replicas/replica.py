@@ -211,7 +211,7 @@ class Replica:
                 "ongoing_requests": self._ongoing, "queued_requests": self._queued}
 
     def _report(self) -> MetricReport:
-        return MetricReport(replica_id=self._init.replica_id, sent_at=self._clock.wall(),
+        return MetricReport(replica_id=self._init.replica_id,
                             ongoing_requests=self._ongoing, queued_requests=self._queued,
                             health=self._health.for_report())
 

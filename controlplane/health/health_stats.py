@@ -7,6 +7,7 @@ Owns:
 - ``IntervalStats``: a frozen, mergeable view of those windows (p50/p99/max).
 - ``HealthTotals``: the shard-wide counters behind ``controller.health`` in
   ``fleetplane status --json`` and /metrics; ``HealthStatistics`` is its frozen snapshot.
+  Besides push health they count the shard's own trouble: deployment ticks that raised.
 
 Invariants:
 
@@ -153,6 +154,7 @@ class HealthStatistics:
     # Failed health observations the controller acted on (pushed or probed); a dropped
     # probe result never counts (seed 000: the counter follows the observation acted on).
     health_check_failures_total: int = 0
+    tick_errors_total: int = 0  # deployment ticks that raised (each backs its deployment off)
 
     def merge(self, other: HealthStatistics) -> HealthStatistics:
         return HealthStatistics(
@@ -161,7 +163,8 @@ class HealthStatistics:
             self.pull_probes_total + other.pull_probes_total,
             self.stall_episodes_total + other.stall_episodes_total,
             self.intervals.merge(other.intervals),
-            self.health_check_failures_total + other.health_check_failures_total)
+            self.health_check_failures_total + other.health_check_failures_total,
+            self.tick_errors_total + other.tick_errors_total)
 
     def as_json(self) -> dict:
         """The ``controller.health`` object of ``fleetplane status --json``."""
@@ -169,6 +172,7 @@ class HealthStatistics:
                 "pull_probes_total": self.pull_probes_total,
                 "stall_episodes_total": self.stall_episodes_total,
                 "health_check_failures_total": self.health_check_failures_total,
+                "tick_errors_total": self.tick_errors_total,
                 "self_check_interval_s": self.intervals.as_dict(),
                 "self_check_intervals_total": self.intervals.count}
 
@@ -193,9 +197,11 @@ class HealthTotals:
         self.pull_probes_total = 0
         self.stall_episodes_total = 0
         self.health_check_failures_total = 0
+        self.tick_errors_total = 0
         self.intervals = IntervalWindows(window_s)
 
     def statistics(self, now: float) -> HealthStatistics:
         return HealthStatistics(self.pushes_total, self.heartbeats_total,
                                 self.pull_probes_total, self.stall_episodes_total,
-                                self.intervals.snapshot(now), self.health_check_failures_total)
+                                self.intervals.snapshot(now), self.health_check_failures_total,
+                                self.tick_errors_total)

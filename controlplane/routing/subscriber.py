@@ -1,37 +1,70 @@
 """Keeps a process's view of routes and replica sets current, by long-polling the
 controller (routes) and the shards (replica sets). Used by proxies and handles; nothing
 here runs per request.
+
+A target (the controller, or shard i) that cannot be reached keeps its last routes and
+replica sets and is retried with backoff (``ErrorBackoff``: 0.5 s doubling to 10 s, with
+jitter so the proxies of a cluster do not retry in step, reset by one answer). One
+WARNING when a target becomes unreachable, one INFO when it answers again; every failure
+is counted (``statistics()``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import ray
 
+from controlplane.clock import Clock, SystemClock
+from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.wire import ROUTES_KEY, RoutesUpdate, RoutingUpdate
 
 logger = logging.getLogger(__name__)
 
-RETRY_S = 0.5
+# A controller restart takes seconds: retry soon, then every 10 s at most.
+RETRY_BACKOFF = ErrorBackoff(initial_s=0.5, max_s=10.0, jitter=0.2)
+CONTROLLER = "controller"
+
+
+def shard_target(index: int) -> str:
+    return f"shard {index}"
+
+
+@dataclass(frozen=True)
+class SubscriberStatistics:
+    failures_total: int  # failed long-poll calls (actor lookup included), all targets
+    unreachable: tuple[str, ...]  # targets whose last call failed, sorted
 
 
 class RoutingSubscriber:
     """Calls ``on_routes(RoutesUpdate)`` and ``on_deployment(key, RoutingUpdate | None)``
     whenever the controller or an owning shard publishes a change. It follows every
-    deployment of every shard: payloads are small and change only with membership."""
+    deployment of every shard: payloads are small and change only with membership.
+
+    ``get_actor(name, namespace=...)`` finds the controller and shard actors
+    (``ray.get_actor``; tests pass fakes); ``clock`` must be the running loop's clock.
+    """
 
     def __init__(self, settings: Settings, on_deployment: Callable[[str, RoutingUpdate | None], None],
-                 on_routes: Callable[[RoutesUpdate], None] = lambda r: None) -> None:
+                 on_routes: Callable[[RoutesUpdate], None] = lambda r: None, *,
+                 get_actor: Callable[..., Any] = ray.get_actor, clock: Clock = SystemClock(),
+                 rng: random.Random | None = None) -> None:
         self._settings = settings
         self._on_deployment = on_deployment
         self._on_routes = on_routes
+        self._get_actor = get_actor
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
         self._known: dict[int, dict[str, int]] = {}  # shard -> {deployment key: version}
         self._num_shards = 0
         self._tasks: list[asyncio.Task] = []
+        self._backoffs: dict[str, ErrorBackoff] = {}  # target -> backoff, once it failed
+        self._failures_total = 0
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -41,17 +74,21 @@ class RoutingSubscriber:
         for task in self._tasks:
             task.cancel()
 
+    def statistics(self) -> SubscriberStatistics:
+        return SubscriberStatistics(self._failures_total, tuple(sorted(
+            target for target, backoff in self._backoffs.items() if backoff.failing)))
+
     async def _follow_routes(self) -> None:
         s = self._settings
         version = 0
         while True:
             try:
-                controller = ray.get_actor(s.controller_name, namespace=s.namespace)
+                controller = self._get_actor(s.controller_name, namespace=s.namespace)
                 changes = await controller.listen_routes.remote({ROUTES_KEY: version})
             except Exception as e:  # controller restarting: keep the last routes, retry
-                logger.info("routes long-poll failed (%r); retrying", e)
-                await asyncio.sleep(RETRY_S)
+                await self._wait_retry(CONTROLLER, e)
                 continue
+            self._reached(CONTROLLER)
             if ROUTES_KEY in changes:
                 version, payload = changes[ROUTES_KEY]
                 self._apply_routes(payload)
@@ -70,16 +107,38 @@ class RoutingSubscriber:
         s = self._settings
         while True:
             try:
-                shard = ray.get_actor(shard_actor_name(index), namespace=s.namespace)
+                shard = self._get_actor(shard_actor_name(index), namespace=s.namespace)
                 known = dict(self._known[index])
                 changes = await shard.listen_routing.remote(known, True)
             except Exception as e:
-                logger.info("shard %d long-poll failed (%r); retrying", index, e)
-                await asyncio.sleep(RETRY_S)
+                await self._wait_retry(shard_target(index), e)
                 continue
+            self._reached(shard_target(index))
             for key, (version, payload) in changes.items():
                 self._known[index][key] = version
                 try:
                     self._on_deployment(key, payload)
                 except Exception:  # one bad update must not stop following the shard
                     logger.exception("routing update for %s failed", key)
+
+    async def _wait_retry(self, target: str, error: Exception) -> None:
+        """Count a failed call, log it if ``target`` just became unreachable, and wait
+        out its backoff."""
+        backoff = self._backoffs.get(target, RETRY_BACKOFF)
+        now = self._clock.monotonic()
+        failed = self._backoffs[target] = backoff.with_failure(now, repr(error), self._rng)
+        self._failures_total += 1
+        if not backoff.failing:
+            logger.warning("routing: %s unreachable (%r); keeping the last routes, retrying "
+                           "with backoff up to %gs", target, error, failed.max_s)
+        else:
+            logger.debug("routing: %s still unreachable (%d failures): %r", target,
+                         failed.failures, error)
+        await asyncio.sleep(failed.retry_at - now)
+
+    def _reached(self, target: str) -> None:
+        backoff = self._backoffs.get(target)
+        if backoff is not None and backoff.failing:
+            self._backoffs[target] = backoff.cleared()
+            logger.info("routing: %s reachable again after %d failed calls", target,
+                        backoff.failures)

@@ -8,39 +8,42 @@ import pytest
 
 from controlplane.autoscaling import (AutoscalingPolicy, MetricWindow, ScalingState, decide,
                                       initial_target)
+from controlplane.config import AutoscalingConfig
 from controlplane.wire import MetricReport, PushedHealth
 
 T0 = 1000.0
 
 
 def report(replica_id: str, ongoing: int, queued: int = 0) -> MetricReport:
-    return MetricReport(replica_id, sent_at=5.0, ongoing_requests=ongoing,
+    return MetricReport(replica_id, ongoing_requests=ongoing,
                         queued_requests=queued)
 
 
 def policy(**overrides: object) -> AutoscalingPolicy:
+    """Built directly: the decision also covers what the schema does not allow yet
+    (min_replicas 0, scale to zero)."""
     cfg = {"min_replicas": 1, "max_replicas": 10, "target_ongoing_requests": 2.0,
-           "upscale_delay_s": 30.0, "downscale_delay_s": 600.0}
-    return AutoscalingPolicy.from_config({**cfg, **overrides})
+           "upscale_delay_s": 30.0, "downscale_delay_s": 600.0, "look_back_period_s": 30.0}
+    return AutoscalingPolicy(**{**cfg, **overrides})
 
 
 # --- MetricReport -------------------------------------------------------------------
 
 
 def test_report_load_and_old_senders_without_health_stay_valid():
-    r = MetricReport("r1", sent_at=1.0, ongoing_requests=2, queued_requests=3)
+    r = MetricReport("r1", ongoing_requests=2, queued_requests=3)
     assert r.health is None
     assert r.load == 5
 
 
 def test_report_survives_pickle():
-    r = MetricReport("r1", 1.0, 0, 0, health=PushedHealth(False, 2.0, 1))
+    r = MetricReport("r1", 0, 0, health=PushedHealth(False, 2.0, 1))
     assert pickle.loads(pickle.dumps(r)) == r
 
 
 def test_report_rejects_negative_counts():
     with pytest.raises(ValueError):
-        MetricReport("r1", 1.0, -1, 0)
+        MetricReport("r1", -1, 0)
 
 
 # --- MetricWindow -------------------------------------------------------------------
@@ -129,19 +132,27 @@ def test_received_at_going_backwards_is_rejected():
 # --- AutoscalingPolicy --------------------------------------------------------------
 
 
-def test_from_config_defaults():
+def test_from_config_defaults_are_the_schemas():
     p = AutoscalingPolicy.from_config({})
     assert p == AutoscalingPolicy(min_replicas=1, max_replicas=1, target_ongoing_requests=2.0,
                                   upscale_delay_s=30.0, downscale_delay_s=600.0,
                                   look_back_period_s=30.0, initial_replicas=None)
+    assert p == AutoscalingPolicy.from_config(AutoscalingConfig())
 
 
 def test_from_config_takes_given_keys():
-    p = AutoscalingPolicy.from_config({"min_replicas": 0, "max_replicas": 4,
+    p = AutoscalingPolicy.from_config({"min_replicas": 1, "max_replicas": 4,
                                        "initial_replicas": 2, "look_back_period_s": 5.0})
     assert (p.min_replicas, p.max_replicas, p.initial_replicas, p.look_back_period_s) == (
-        0, 4, 2, 5.0)
+        1, 4, 2, 5.0)
     assert p.target_ongoing_requests == 2.0
+
+
+def test_from_config_takes_a_validated_model_or_its_dump_alike():
+    model = AutoscalingConfig(min_replicas=2, max_replicas=6, upscale_delay_s=3.0)
+    assert AutoscalingPolicy.from_config(model) == AutoscalingPolicy.from_config(
+        model.model_dump())
+    assert AutoscalingPolicy.from_config(model).upscale_delay_s == 3.0
 
 
 @pytest.mark.parametrize("cfg", [
@@ -153,8 +164,8 @@ def test_from_config_takes_given_keys():
     {"upscale_delay_s": -1.0},
     {"max_replicas": 4, "initial_replicas": 5},
 ])
-def test_from_config_rejects_bad_config(cfg):
-    with pytest.raises(ValueError):
+def test_from_config_rejects_bad_config_through_the_schema(cfg):
+    with pytest.raises(ValueError):  # pydantic's ValidationError, naming the field
         AutoscalingPolicy.from_config(cfg)
 
 

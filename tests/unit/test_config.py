@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from controlplane.config import (AutoscalingConfig, DeployConfig, DeploymentConfig, RayActorOptions,
-                                 config_to_dict, load_deploy_config, parse_deploy_config)
+                                 check_deployment_options, config_to_dict, load_deploy_config,
+                                 parse_deploy_config)
 from controlplane.errors import ConfigError
 
 FULL_YAML = """\
@@ -275,3 +276,33 @@ def test_scale_to_zero_is_refused_with_the_reason():
     assert len(errors) == 1
     assert errors[0].startswith("applications[0].deployments[0].autoscaling_config.min_replicas")
     assert "scale to zero is not supported yet" in errors[0]
+
+
+# ---- options set in code, through the same schema ---------------------------------------
+
+def test_checked_options_fill_in_the_autoscaling_defaults():
+    checked = check_deployment_options(
+        {"autoscaling_config": {"min_replicas": 2, "max_replicas": 5}, "user_config": (1, 2)},
+        "app 'a', deployment 'd'")
+    assert checked["autoscaling_config"] == AutoscalingConfig(
+        min_replicas=2, max_replicas=5).model_dump()
+    assert checked["user_config"] == [1, 2]  # normalised to JSON, as in the file
+    assert check_deployment_options({}, "x") == {}
+
+
+def test_checked_options_list_every_problem_by_field_without_a_name():
+    with pytest.raises(ConfigError) as info:
+        check_deployment_options({"num_replicas": "auto", "autoscaling_config": {
+            "min_replicas": 3, "smoothing_factor": 0.5}}, "app 'a', deployment 'd'")
+    assert info.value.source == "app 'a', deployment 'd'"
+    assert sorted(e.split(": ", 1)[0] for e in info.value.errors) == [
+        "autoscaling_config.smoothing_factor", "num_replicas"]
+    unknown = next(e for e in info.value.errors if "smoothing_factor" in e)
+    assert "accepted fields: min_replicas, max_replicas" in unknown
+
+
+def test_checked_options_apply_the_cross_field_checks():
+    with pytest.raises(ConfigError) as info:
+        check_deployment_options({"autoscaling_config": {"min_replicas": 3}}, "x")
+    [error] = info.value.errors
+    assert error.startswith("autoscaling_config.max_replicas: max_replicas (1) is below")

@@ -26,7 +26,7 @@ def push(shard: Shard, rid: str, healthy: bool = True, failures: int = 0,
     if heartbeat:
         shard.core.report_health(KEY, rid, health)
     else:
-        shard.core.report_metrics(KEY, MetricReport(rid, 0.0, 0, 0, health=health))
+        shard.core.report_metrics(KEY, MetricReport(rid, 0, 0, health=health))
 
 
 def push_all(shard: Shard) -> None:

@@ -8,6 +8,7 @@ controller hands them over.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import subprocess
@@ -17,10 +18,10 @@ from pathlib import Path
 import pytest
 import ray.cloudpickle as cloudpickle
 
-from controlplane.config import config_to_dict, parse_deploy_config
+from controlplane.config import AutoscalingConfig, config_to_dict, parse_deploy_config
 from controlplane.errors import BuildError
 from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, shard_of, stable_hash
-from controlplane.user_code import build_application
+from controlplane.user_code import build_application, build_applications
 from controlplane.wire import DeploymentRef
 
 APPS = "tests.unit.sample_apps"
@@ -176,13 +177,48 @@ def test_config_autoscaling_overrides_code_num_replicas():
 
 def test_code_autoscaling_is_kept_when_config_does_not_size():
     [spec] = build(f"{APPS}:autoscaled_app")
-    assert spec.autoscaling_config == {"min_replicas": 2, "max_replicas": 5,
-                                       "initial_replicas": 3}
+    # The schema's defaults fill in what code left out.
+    assert spec.autoscaling_config == AutoscalingConfig(
+        min_replicas=2, max_replicas=5, initial_replicas=3).model_dump()
+    assert spec.autoscaling_config["upscale_delay_s"] == AutoscalingConfig().upscale_delay_s
 
 
 def test_code_autoscaling_sets_initial_replicas_like_config_autoscaling():
     [spec] = build(f"{APPS}:autoscaled_app")
     assert spec.num_replicas == 3  # initial_replicas, as for the same config in YAML
+
+
+def test_invalid_code_autoscaling_fails_the_build_naming_app_deployment_and_field():
+    with pytest.raises(BuildError) as info:
+        build(f"{APPS}:scale_to_zero_app", name="shop")
+    message = str(info.value)
+    assert message.startswith("application 'shop': deployment 'Model': invalid options")
+    assert "\n  - autoscaling_config.min_replicas: scale to zero is not supported" in message
+
+
+def test_serve_only_autoscaling_knob_in_code_is_ignored_with_a_warning(caplog):
+    # Valid Serve code keeps running; the knobs fleetplane implements are still checked.
+    with caplog.at_level(logging.WARNING, logger="controlplane.user_code"):
+        [spec] = build(f"{APPS}:serve_only_knob_app")
+    assert "smoothing_factor" not in spec.autoscaling_config
+    assert spec.autoscaling_config["max_replicas"] == 3
+    assert "not implement are ignored: smoothing_factor" in caplog.text
+
+
+def test_config_sizing_replaces_invalid_code_autoscaling():
+    [spec] = build(f"{APPS}:scale_to_zero_app", deployments=[{"name": "Model",
+                                                              "num_replicas": 2}])
+    assert spec.autoscaling_config is None and spec.num_replicas == 2
+    [spec] = build(f"{APPS}:scale_to_zero_app", deployments=[{
+        "name": "Model", "autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}])
+    assert spec.autoscaling_config["min_replicas"] == 1
+
+
+def test_invalid_code_options_fail_only_their_application():
+    results = build_applications([app_config(f"{APPS}:scale_to_zero_app", name="bad"),
+                                  app_config(f"{APPS}:autoscaled_app", name="good")])
+    assert isinstance(results[0], BuildError) and results[0].app == "bad"
+    assert [s.id for s in results[1]] == [DeploymentId("good", "Model")]
 
 
 def test_unbound_serve_deployment_is_bound_without_args():
