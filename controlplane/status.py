@@ -43,7 +43,8 @@ def assemble_status(config: dict | None, shards: list[dict], generation: int) ->
             "num_shards": len(shards),
             "generation": generation,
             "shards": [{"index": s["index"], "deployments": len(s["deployments"]),
-                        "ticks": s["ticks"], "last_tick_ms": s["last_tick_ms"]} for s in shards],
+                        "ticks": s["ticks"], "tick_errors_total": s["tick_errors_total"],
+                        "last_tick_ms": s["last_tick_ms"]} for s in shards],
             # Push health across shards (exact merge: counters add, histograms add).
             "health": merge_all(s["health"] for s in shards if "health" in s).as_json(),
         },

@@ -23,7 +23,8 @@ def deployment(status: str, target: int, replicas: list[dict], message: str = ""
 
 
 def shard(index: int, deployments: dict[str, dict], ticks: int = 10) -> dict:
-    return {"index": index, "deployments": deployments, "ticks": ticks, "last_tick_ms": 0.25}
+    return {"index": index, "deployments": deployments, "ticks": ticks, "tick_errors_total": 0,
+            "last_tick_ms": 0.25}
 
 
 # ---- app_status ------------------------------------------------------------------------
@@ -71,8 +72,8 @@ def test_assemble_status_has_the_design_shape():
     assert status["controller"]["num_shards"] == 2
     assert status["controller"]["generation"] == 3
     assert status["controller"]["shards"] == [
-        {"index": 0, "deployments": 2, "ticks": 10, "last_tick_ms": 0.25},
-        {"index": 1, "deployments": 2, "ticks": 12, "last_tick_ms": 0.25}]
+        {"index": 0, "deployments": 2, "ticks": 10, "tick_errors_total": 0, "last_tick_ms": 0.25},
+        {"index": 1, "deployments": 2, "ticks": 12, "tick_errors_total": 0, "last_tick_ms": 0.25}]
 
 
 def test_assemble_status_groups_deployments_of_an_app_across_shards():
