@@ -22,6 +22,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
+from controlplane.config import AutoscalingConfig
 from controlplane.health.health_gate import ProbeOutcome
 from controlplane.health.health_stats import HealthTotals
 from controlplane.health.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
@@ -35,7 +36,7 @@ from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec
 from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
-from controlplane.wire import PushedHealth, ReplicaInfo, RoutingUpdate
+from controlplane.wire import MetricReport, PushedHealth, ReplicaInfo, RoutingUpdate
 
 if TYPE_CHECKING:
     from controlplane.replica_ops import ReplicaOps
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Spawn = Callable[[Coroutine], Any]
-_POLICY_KEYS = ("min_replicas", "max_replicas", "initial_replicas", "target_ongoing_requests",
-                "upscale_delay_s", "downscale_delay_s", "look_back_period_s")
 
 
 class DeploymentState:
@@ -105,7 +104,10 @@ class DeploymentState:
             self._policy = None
             return
         old = self._policy
-        self._policy = AutoscalingPolicy.from_config({k: cfg[k] for k in _POLICY_KEYS if k in cfg})
+        # Only the schema's fields: a spec checkpointed by an older build may carry Serve
+        # knobs set in code that fleetplane does not implement.
+        known = AutoscalingConfig.model_fields
+        self._policy = AutoscalingPolicy.from_config({k: v for k, v in cfg.items() if k in known})
         if old is None or old.look_back_period_s != self._policy.look_back_period_s:
             # Only a new look-back needs a new window: a redeploy keeps the load history.
             self._metrics = MetricWindow(look_back_period_s=self._policy.look_back_period_s)
@@ -193,7 +195,7 @@ class DeploymentState:
             self.replicas.replace(record.with_state(record.state, message=observed.text))
 
     # ---- autoscaling ---------------------------------------------------------------------
-    def record_metrics(self, report: Any, now: float) -> None:
+    def record_metrics(self, report: MetricReport, now: float) -> None:
         if report.health is not None:  # before the policy check: health rides on every report
             self.record_push(report.replica_id, report.health, now)
         if self._policy is not None and report.replica_id in self.replicas:

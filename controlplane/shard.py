@@ -29,7 +29,7 @@ from controlplane.replica_ops import ReplicaOps
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import PushedHealth
+from controlplane.wire import MetricReport, PushedHealth
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class ShardCore:
     def deployment(self, dep_id: DeploymentId) -> DeploymentState | None:
         return self._deployments.get(dep_id)
 
-    def report_metrics(self, key: tuple[str, str], report: Any) -> None:
+    def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
         state = self._deployments.get(DeploymentId(*key))
         if state is not None:
             state.record_metrics(report, self._clock.monotonic())
@@ -208,7 +208,7 @@ class ControllerShard:
     async def set_desired(self, specs: list[DeploymentSpec]) -> None:
         self._core.set_desired(specs)
 
-    async def report_metrics(self, key: tuple[str, str], report: Any) -> None:
+    async def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
         self._core.report_metrics(key, report)
 
     async def report_health(self, key: tuple[str, str], replica_id: str,

@@ -92,9 +92,6 @@ class DeadlineQueue:
     def cancel(self, key: str) -> None:
         self._due_at.pop(key, None)
 
-    def due_at(self, key: str) -> float | None:
-        return self._due_at.get(key)
-
     def pop_due(self, now: float) -> list[str]:
         due = []
         while self._heap and self._heap[0][0] <= now:
@@ -228,10 +225,3 @@ class DeploymentHealth:
     def failures(self, replica_id: str) -> int:
         state = self._states.get(replica_id)
         return state.failures if state is not None else 0
-
-    def state(self, replica_id: str) -> GateState | None:
-        return self._states.get(replica_id)
-
-    @property
-    def watched(self) -> int:
-        return len(self._states)
