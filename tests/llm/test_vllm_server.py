@@ -1,5 +1,10 @@
 """``VLLMServer`` without Ray: its engine subprocess is the simulator, through the same
-configurable command a real deployment uses for ``vllm serve``."""
+configurable command a real deployment uses for ``vllm serve``.
+
+The simulator steps only when told, and the server's clock is a ``FakeClock``: a test plays
+the health task's interval itself (``pass_interval``: the clock moves one interval, the engine
+is asked for that interval's steps) and calls ``check_now``, as the background task would.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +14,32 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+from controlplane.clock import FakeClock
 from replicas.llm_engine import EngineStartError
 from replicas.vllm_replica import EngineRequestError, EngineUnhealthy, VLLMServer
-from tests.llm.conftest import CHECK_INTERVAL_S, REPO, SIM_STEP_RATE_HZ, pid_alive, sim_request
+from tests.llm.conftest import (INTERVAL_S, MANUAL_STEPS, REPO, STEPS_PER_INTERVAL, STEPS_PER_S,
+                                pid_alive, sim_request, step_sim, wait_until)
 
 SIM_COMMAND = ["{python}", "-m", "tests.llm_sim", "--host", "{host}", "--port", "{port}",
-               "--model", "{model}", "--slots", "{max_num_seqs}",
-               "--step-rate-hz", str(SIM_STEP_RATE_HZ)]
+               "--model", "{model}", "--slots", "{max_num_seqs}", *MANUAL_STEPS]
 
 
 @pytest.fixture
-def server():
+def clock() -> FakeClock:
+    return FakeClock(start_s=0.0)
+
+
+@pytest.fixture
+def server(clock):
     os.chdir(REPO)  # the simulator is imported from the repo root, as in a Ray worker
+    # The fake clock never reaches the start's deadline: a start that hangs (the simulator
+    # answers or exits within a second) is ended by pytest's timeout instead.
     s = VLLMServer("sim-model", max_num_seqs=2, command=SIM_COMMAND,
-                   health_interval_s=CHECK_INTERVAL_S, answer_timeout_s=2.0,
-                   startup_timeout_s=30)
+                   health_interval_s=INTERVAL_S, answer_timeout_s=2.0,
+                   startup_timeout_s=30, clock=clock)
     yield s
     s.shutdown()
 
@@ -42,14 +54,21 @@ def run(coro, server: VLLMServer | None = None):
     return asyncio.run(main())
 
 
-def checks(server: VLLMServer, n: int) -> list[dict]:
-    """n steps of the health check, one interval apart (what the background task does)."""
-    out = []
-    for i in range(n):
-        if i:
-            time.sleep(CHECK_INTERVAL_S)
-        out.append(server.check_now())
-    return out
+def pass_interval(server: VLLMServer, clock: FakeClock) -> int:
+    """One health interval: the clock moves, the engine is asked for its steps (the number
+    it took comes back)."""
+    clock.advance(INTERVAL_S)
+    return step_sim(server.statistics()["url"], STEPS_PER_INTERVAL)
+
+
+def checks(server: VLLMServer, clock: FakeClock, n: int) -> tuple[list[dict], list[int]]:
+    """n steps of the health check, one interval apart (what the background task does), and
+    the engine steps taken in each interval."""
+    results, stepped = [server.check_now()], []
+    for _ in range(n - 1):
+        stepped.append(pass_interval(server, clock))
+        results.append(server.check_now())
+    return results, stepped
 
 
 def test_serves_completions_chat_models_and_http(server):
@@ -83,26 +102,31 @@ def test_http_requests_are_forwarded_below_the_route_prefix(server):
     assert run(server(request("GET", "/llm/metrics")), server).status_code == 404
 
 
-def test_busy_full_engine_passes_every_check_without_a_test_request(server):
+def test_busy_full_engine_passes_every_check_without_a_test_request(server, clock):
     url = server.statistics()["url"]
     sim_request(url + "/sim/load", {"n": 3, "max_tokens": 1_000_000})
-    results = checks(server, 5)
-    assert [r["verdict"] for r in results[1:]] == ["busy"] * 4
+    results, stepped = checks(server, clock, 5)
+    assert [r["verdict"] for r in results] == [None] + ["busy"] * 4  # a baseline first
+    assert stepped == [STEPS_PER_INTERVAL] * 4
+    assert {r["report"]["steps_per_s"] for r in results[1:]} == {STEPS_PER_S}
+    assert [r["decision"] for r in results] == ["keep"] * 5
     run(server.check_health())  # does not raise
     stats = sim_request(url + "/sim/stats")
     assert stats["completions_while_full"] == 0 and stats["completions"] == 0
 
 
-def test_stuck_engine_fails_its_checks_from_then_on(server):
+def test_stuck_engine_fails_its_checks_from_then_on(server, clock):
     url = server.statistics()["url"]
     sim_request(url + "/sim/load", {"n": 2, "max_tokens": 1_000_000})
     sim_request(url + "/sim/fault", {"mode": "stuck"})  # before the first read
-    results = checks(server, 3)  # a baseline, then two intervals without a step
+    results, stepped = checks(server, clock, 3)  # a baseline, then two intervals
+    assert stepped == [0, 0]  # asked to step in both intervals, it took none
     assert [r["decision"] for r in results] == ["keep", "keep", "restart"]
+    assert clock.monotonic() == 2 * INTERVAL_S
     with pytest.raises(EngineUnhealthy, match="stuck"):
         run(server.check_health())
     sim_request(url + "/sim/fault", {"mode": "none"})  # recovers: the decision stands
-    time.sleep(CHECK_INTERVAL_S)
+    assert pass_interval(server, clock) == STEPS_PER_INTERVAL
     assert server.check_now()["decision"] == "waiting"
     with pytest.raises(EngineUnhealthy):
         run(server.check_health())
@@ -111,9 +135,8 @@ def test_stuck_engine_fails_its_checks_from_then_on(server):
 
 def test_engine_that_exits_is_dead(server):
     sim_request(server.statistics()["url"] + "/sim/fault", {"mode": "dead"})
-    deadline = time.monotonic() + 10
-    while server.statistics()["engine_exit_code"] is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: server.statistics()["engine_exit_code"] is not None,
+               "the engine to exit after the dead fault")
     with pytest.raises(EngineUnhealthy, match="exited with status 17"):
         run(server.check_health())
 
@@ -135,11 +158,11 @@ def test_start_timeout_stops_the_engine():
 
 
 OWNER = """
-import os, sys, time
+import signal, sys
 from replicas.vllm_replica import VLLMServer
 s = VLLMServer("m", command=sys.argv[1:], health_interval_s=1)
 print(s.statistics()["url"], flush=True)
-time.sleep(600)
+signal.pause()  # until killed
 """
 
 
@@ -151,10 +174,8 @@ def test_engine_dies_with_an_owner_killed_by_sigkill():
         engine_pid = sim_request(url + "/sim/stats")["pid"]
         os.kill(owner.pid, signal.SIGKILL)  # what ray.kill does to a replica actor
         owner.wait()
-        deadline = time.monotonic() + 15
-        while pid_alive(engine_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not pid_alive(engine_pid)
+        wait_until(lambda: not pid_alive(engine_pid),
+                   f"engine pid {engine_pid} to die with its SIGKILLed owner")
     finally:
         owner.kill()
         owner.stdout.close()
@@ -164,10 +185,8 @@ def test_engine_dies_with_its_guard_killed_by_sigkill(server):
     """What Ray does to a dead worker's direct children; the kernel takes the engine down."""
     engine_pid = sim_request(server.statistics()["url"] + "/sim/stats")["pid"]
     os.kill(server.statistics()["guard_pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 15
-    while pid_alive(engine_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(engine_pid)
+    wait_until(lambda: not pid_alive(engine_pid),
+               f"engine pid {engine_pid} to die with its SIGKILLed guard")
     with pytest.raises(EngineUnhealthy, match="dead"):
         run(server.check_health())
 

@@ -1,7 +1,9 @@
 """``python -m tests.llm_sim --port P --model M --slots N --step-rate-hz R [--fault MODE]``.
 
 Starts the vLLM simulator on loopback; it is what ``VLLMServer``'s configurable command runs
-in tests. Exits on SIGTERM/SIGINT (aiohttp's ``run_app`` handles both).
+in tests. ``--step-rate-hz 0`` takes engine steps only when told (``POST /sim/step?n=K``), so
+a test drives them instead of sleeping for them. Exits on SIGTERM/SIGINT (aiohttp's
+``run_app`` handles both).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="sim-model")
     p.add_argument("--slots", type=int, default=4, help="like vLLM's --max-num-seqs")
-    p.add_argument("--step-rate-hz", type=float, default=100.0, help="engine steps per second")
+    p.add_argument("--step-rate-hz", type=float, default=100.0,
+                   help="engine steps per second; 0: only when told (POST /sim/step?n=K), and "
+                   "a completion that finds a free slot is stepped to its end at once")
     p.add_argument("--prefill-steps", type=int, default=0,
                    help="steps each request spends reading its prompt before any output token")
     p.add_argument("--fault", choices=FAULTS, default="none", help="fault mode at start")
@@ -38,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not _is_loopback(args.host):
         print(f"error: --host {args.host} is not a loopback address", file=sys.stderr)
+        return 2
+    if args.step_rate_hz < 0:
+        print("error: --step-rate-hz must be 0 (steps only when told) or above",
+              file=sys.stderr)
         return 2
     time.sleep(args.startup_delay_s)
     engine = SimEngine(args.model, args.slots, time.time,

@@ -1,7 +1,8 @@
 """A simulated vLLM engine: slots, a waiting queue, engine steps, long prefill, faults.
 
 Owns the engine's state and its Prometheus text, and no I/O or timer: the HTTP server
-(``server.py``) calls ``step()`` at its step rate, unit tests call it under a fake clock.
+(``server.py``) calls ``step()`` at its step rate or when a test asks it to (``/sim/step``),
+unit tests call it under a fake clock.
 The metrics are rendered by prometheus_client in vLLM's real names and labels
 (``model_name``, ``engine``): ``vllm:num_requests_running``/``_waiting`` gauges, the
 ``vllm:generation_tokens`` and ``vllm:prompt_tokens`` counters, the
@@ -43,6 +44,15 @@ class SimRequest:
     error: str | None = None
     on_finish: Callable[["SimRequest"], None] | None = None
 
+    @property
+    def done(self) -> bool:
+        return self.output_tokens >= self.max_tokens
+
+    @property
+    def steps_left(self) -> int:
+        """Steps it still needs once it holds a slot."""
+        return self.prefill_steps + self.max_tokens - self.output_tokens
+
 
 class SimEngine:
     def __init__(self, model: str, slots: int, wall: Callable[[], float],
@@ -76,6 +86,11 @@ class SimEngine:
     def busy(self) -> bool:
         return bool(self.running or self.waiting)
 
+    @property
+    def has_room(self) -> bool:
+        """A request arriving now gets a slot at the next step (nobody queued before it)."""
+        return len(self.running) + len(self.waiting) < self.slots
+
     def submit(self, max_tokens: int, prefill_steps: int = 0, internal: bool = False,
                on_finish: Callable[[SimRequest], None] | None = None) -> SimRequest:
         request = SimRequest(max(1, max_tokens), max(0, prefill_steps), internal,
@@ -106,6 +121,14 @@ class SimEngine:
         self.bucket_counts[_bucket_index(tokens)] += 1
         return True
 
+    def step_until_done(self, request: SimRequest, max_steps: int) -> bool:
+        """Step until ``request`` has all its tokens, a step is not taken (no work, or a
+        fault) or ``max_steps`` were taken; True when it is done."""
+        for _ in range(max_steps):
+            if request.done or not self.step():
+                break
+        return request.done
+
     def _advance(self, request: SimRequest) -> int:
         if request.prefill_steps > 0:  # reading the prompt: a step, no output token
             request.prefill_steps -= 1
@@ -113,7 +136,7 @@ class SimEngine:
             return self.prefill_chunk_tokens
         request.output_tokens += 1
         self.generation_tokens += 1
-        if request.output_tokens >= request.max_tokens:
+        if request.done:
             self.running.remove(request)
             _finish(request)
         return 1

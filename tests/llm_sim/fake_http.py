@@ -48,10 +48,7 @@ class SimFetcher:
         self.completions_while_full += self.engine.full
         self.completions_while_busy += self.engine.busy
         request = self.engine.submit(int(body.get("max_tokens", 16)))
-        for _ in range(10_000):
-            if request.output_tokens >= request.max_tokens or not self.engine.step():
-                break
-        if request.output_tokens < request.max_tokens:
+        if not self.engine.step_until_done(request, max_steps=10_000):
             self.engine.abort(request)  # the client timed out and went away
             return HttpResult(None, error=f"timed out after {timeout_s:g}s")
         return HttpResult(200, json.dumps({"choices": [{"text": " tok"}]}))

@@ -1,13 +1,21 @@
 """The simulator's HTTP face: the OpenAI subset vLLM serves, its /metrics, and /sim controls.
 
-Owns the HTTP routes and the step loop over a ``SimEngine``; loopback only.
+Owns the HTTP routes and the step loop over a ``SimEngine``; loopback only. The engine steps
+on a wall-clock period (``step_rate_hz``), or, with a rate of 0, only when told: a test then
+decides exactly how many steps happen between two reads, and never sleeps for them. In that
+manual mode a completion that finds a free slot is stepped to its end at once (an idle vLLM
+answers at once, as the in-process ``fake_http.SimFetcher`` does), and one that would have
+to queue waits for ``/sim/step`` (or its client's timeout).
 
 - ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (non-streaming),
   ``GET /metrics`` (404 in the ``no-metrics`` fault);
 - ``POST /sim/fault {"mode": M}``: switch a fault at run time (``restart`` restarts now,
   ``dead`` answers and then the process exits);
 - ``POST /sim/load {"n", "max_tokens", "prefill_steps"}``: start requests inside the engine,
-  so a test fills every slot without holding HTTP connections;
+  so a test fills every slot without holding HTTP connections (one step admits them);
+- ``POST /sim/step?n=K``: take K engine steps now, synchronously, and answer when they are
+  done with the stats and ``stepped``, the steps actually taken (fewer when the engine runs
+  out of work, none in the ``stuck``/``wedged`` faults); works at any step rate;
 - ``GET /sim/stats``: counters, among them ``completions_while_full``, the completion
   requests received while every slot was taken: the number the health check must keep at 0;
 - ``POST /sim/reset``: drop all requests, clear the fault and the counters.
@@ -23,14 +31,17 @@ from aiohttp import web
 
 from tests.llm_sim.engine import SimEngine, SimRequest
 
+_MAX_STEPS_PER_CALL = 100_000  # the call blocks the server while it steps
 _COUNTERS = ("completions", "completions_while_full", "completions_while_busy", "metrics_reads",
              "models_reads", "completion_errors")
 
 
 class SimServer:
     def __init__(self, engine: SimEngine, step_rate_hz: float, prefill_steps: int) -> None:
+        if step_rate_hz < 0:
+            raise ValueError("step_rate_hz must be 0 (steps only when told) or above")
         self.engine = engine
-        self.step_period_s = 1.0 / step_rate_hz
+        self.step_period_s = 1.0 / step_rate_hz if step_rate_hz else None  # None: manual
         self.prefill_steps = prefill_steps
         self.counters = dict.fromkeys(_COUNTERS, 0)
 
@@ -40,9 +51,10 @@ class SimServer:
             web.get("/v1/models", self.models), web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat), web.get("/metrics", self.metrics),
             web.get("/health", self.health), web.post("/sim/fault", self.set_fault),
-            web.post("/sim/load", self.load), web.get("/sim/stats", self.stats),
-            web.post("/sim/reset", self.reset)])
-        app.cleanup_ctx.append(self._stepping)
+            web.post("/sim/load", self.load), web.post("/sim/step", self.step),
+            web.get("/sim/stats", self.stats), web.post("/sim/reset", self.reset)])
+        if self.step_period_s is not None:
+            app.cleanup_ctx.append(self._stepping)
         return app
 
     async def _stepping(self, app: web.Application):
@@ -80,9 +92,12 @@ class SimServer:
         self.counters["completions_while_busy"] += self.engine.busy
         done: asyncio.Future = asyncio.get_running_loop().create_future()
         finished = lambda r: done.done() or done.set_result(r)
+        has_room = self.engine.has_room
         sim_request = self.engine.submit(int(body.get("max_tokens") or 16),
                                          int(body.get("prefill_steps", self.prefill_steps)),
                                          on_finish=finished)
+        if self.step_period_s is None and has_room:  # manual: a free slot answers at once
+            self.engine.step_until_done(sim_request, sim_request.steps_left)
         try:
             result: SimRequest = await done
         except asyncio.CancelledError:  # the client went away: vLLM aborts the request
@@ -121,6 +136,21 @@ class SimServer:
                                int(body.get("prefill_steps", 0)), internal=True)
         self.engine.step()  # admit them now, so a read right after sees every slot taken
         return web.json_response(self._stats())
+
+    async def step(self, request: web.Request) -> web.Response:
+        try:
+            n = int(request.query.get("n", "1"))
+        except ValueError:
+            n = -1
+        if not 0 <= n <= _MAX_STEPS_PER_CALL:
+            return _error(400, f"n must be an integer from 0 to {_MAX_STEPS_PER_CALL}",
+                          "BadRequestError")
+        stepped = 0
+        for _ in range(n):
+            if not self.engine.step():
+                break  # no work, or a fault: no later step of this call would be taken either
+            stepped += 1
+        return web.json_response({**self._stats(), "stepped": stepped})
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(self._stats())
