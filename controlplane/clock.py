@@ -14,16 +14,10 @@ class Clock(Protocol):
     def monotonic(self) -> float:
         """Seconds on a clock that never goes backwards (for deadlines and intervals)."""
 
-    def wall(self) -> float:
-        """Seconds since the epoch (for timestamps shown to people)."""
-
 
 class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
-
-    def wall(self) -> float:
-        return time.time()
 
 
 class FakeClock:
@@ -33,9 +27,6 @@ class FakeClock:
         self._now = start_s
 
     def monotonic(self) -> float:
-        return self._now
-
-    def wall(self) -> float:
         return self._now
 
     def advance(self, seconds: float) -> None:

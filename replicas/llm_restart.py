@@ -9,8 +9,9 @@ new futures after shutdown") as evidence for the next restart. The rules kept he
   replica, replaces it);
 - the only evidence is a verdict of the metrics-based check, and only STUCK or DEAD count.
   Request errors are not an input at all, so the 5xx of a restart cannot feed the next one;
-- once a restart is issued, every verdict is ignored until the new process is up
-  (``with_process_up``): what a server says while it restarts is not evidence.
+- once a restart is issued, every verdict is ignored: what a server says while it
+  restarts is not evidence. The restart replaces the replica, and the new process is
+  judged by a fresh policy of its own.
 """
 
 from __future__ import annotations
@@ -47,7 +48,3 @@ class RestartPolicy:
         why = f"{verdict.value}: {reason}" if reason else verdict.value
         return replace(self, restart_issued_at_s=now, restarts=self.restarts + 1,
                        reason=why), Decision.RESTART
-
-    def with_process_up(self) -> "RestartPolicy":
-        """The restarted server answers again: verdicts count from here on."""
-        return replace(self, restart_issued_at_s=None)

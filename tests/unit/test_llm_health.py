@@ -19,7 +19,7 @@ INTERVAL_S = 5.0
 class Bench:
     def __init__(self, slots: int = 2) -> None:
         self.clock = FakeClock(start_s=0.0)
-        self.engine = SimEngine("m", slots, wall=self.clock.wall)
+        self.engine = SimEngine("m", slots, wall=self.clock.monotonic)
         self.fetcher = SimFetcher(self.engine)
         self.settings = CheckSettings(interval_s=INTERVAL_S, max_reads=6)
         self.checker = BackendChecker("http://e:8000/v1/", self.fetcher, self.clock,

@@ -43,9 +43,9 @@ def test_restarts_once_on_stuck_or_dead_then_waits_for_the_new_process(verdict):
     for later in (Verdict.DEAD, Verdict.STUCK, Verdict.BUSY):
         policy, decision = policy.decide(later, now=6.0)
         assert decision is Decision.WAITING
-    policy = policy.with_process_up()
-    assert policy.decide(Verdict.BUSY, now=7.0)[1] is Decision.KEEP
-    assert policy.decide(Verdict.STUCK, now=8.0)[0].restarts == 2
+    fresh = RestartPolicy()  # the replacement replica's own
+    assert fresh.decide(Verdict.BUSY, now=7.0)[1] is Decision.KEEP
+    assert fresh.decide(Verdict.STUCK, now=8.0)[1] is Decision.RESTART
 
 
 # ---- the day -------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ class Day:
     def __init__(self, seed: int = 1) -> None:
         self.clock = FakeClock(start_s=0.0)
         self.rng = random.Random(seed)
-        self.engine = SimEngine("gb10-model", SLOTS, wall=self.clock.wall)
+        self.engine = SimEngine("gb10-model", SLOTS, wall=self.clock.monotonic)
         self.fetcher = SimFetcher(self.engine)
         self.checker = BackendChecker("http://gb10:8000", self.fetcher, self.clock,
                                       CheckSettings(interval_s=INTERVAL_S))
@@ -163,7 +163,8 @@ def test_what_a_restart_causes_is_not_evidence_for_the_next_one():
     during = day.run(5 * 60)
     assert Verdict.DEAD in day.verdicts and set(during) == {Decision.WAITING}
     day.fetcher.down = False
-    day.policy = day.policy.with_process_up()  # /v1/models answers again
+    assert day.policy.restarts == 1
+    day.policy = RestartPolicy()  # /v1/models answers: the replacement judges afresh
     day.next_burst_at = day.clock.monotonic() + 30
     after = day.run(4 * 3600)
-    assert Decision.RESTART not in after and day.policy.restarts == 1
+    assert Decision.RESTART not in after and day.policy.restarts == 0
