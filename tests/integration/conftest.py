@@ -1,16 +1,21 @@
-"""One real local Ray per test session; every test talks to the same fleetplane controller."""
+"""One real local Ray per test session. Tests talk to the session's fleetplane instance
+(``fleet``), except those that break replicas on purpose: they get an instance of their
+own on the same Ray (``own_fleet``: its own namespace, controller, shards and proxy port),
+so what they break cannot reach another test."""
 
 from __future__ import annotations
 
 import socket
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import pytest
 import ray
 
 from controlplane.config import parse_deploy_config
 from controlplane.instance import Client, start_local_ray
+from controlplane.settings import Settings
 
 
 def _free_port() -> int:
@@ -47,9 +52,26 @@ def app(name: str, import_path: str = "tests.integration.apps:Model", *,
             "deployments": deps, **extra}
 
 
+@contextmanager
+def own_fleet(name: str) -> Iterator[Client]:
+    """A fleetplane instance of its own on the session's Ray; ``deploy`` gives it a proxy
+    port of its own."""
+    client = Client(Settings(namespace=name, controller_name=f"{name}_controller",
+                             checkpoint_key=f"{name}/controller/checkpoint"))
+    client.start_controller()
+    try:
+        yield client
+    finally:
+        client.shutdown(timeout_s=30)
+
+
+_PORTS: dict[str, int] = {"fleetplane": HTTP_PORT}  # namespace -> its proxy port
+
+
 def deploy(client: Client, *apps: dict, num_shards: int = 2) -> dict:
+    port = _PORTS.setdefault(client.settings.namespace, _free_port())
     cfg = {"applications": list(apps), "controller_options": {"num_shards": num_shards},
-           "http_options": {"host": "127.0.0.1", "port": HTTP_PORT}}
+           "http_options": {"host": "127.0.0.1", "port": port}}
     return client.deploy(parse_deploy_config(cfg))
 
 
@@ -79,8 +101,8 @@ def settled(app_name: str, n: int, dep: str = "Model") -> Callable[[dict], bool]
     return check
 
 
-def call(replica: dict, *args, method: str = "__call__"):
-    handle = ray.get_actor(replica["actor_name"], namespace="fleetplane")
+def call(replica: dict, *args, method: str = "__call__", namespace: str = "fleetplane"):
+    handle = ray.get_actor(replica["actor_name"], namespace=namespace)
     return ray.get(handle.handle_request.remote(method, args, {}), timeout=30)
 
 

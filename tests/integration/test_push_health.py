@@ -1,7 +1,8 @@
 """Push health on real replicas: the fault matrix of issue 4.
 
 One deployment of six ``Breakable`` replicas (health period 1 s, timeout 0.5 s, so a
-verdict takes a few seconds); each test breaks one more replica a different way and
+verdict takes a few seconds) on a fleetplane instance of its own (``own_fleet``), so what
+it breaks reaches no other module; each test breaks one more replica a different way and
 waits for the verdict. Expected: a hung, slow or raising check and a killed process get
 their replica replaced; a flapping check does not; no other replica is ever replaced.
 Controller lag (all pushes delayed) needs >= 64 replicas for the stall guard and is in
@@ -16,11 +17,13 @@ import signal
 import pytest
 import ray
 
-from tests.integration.conftest import app, call, dep_status, deploy, settled, wait_for
+from tests.integration import conftest
+from tests.integration.conftest import app, dep_status, deploy, own_fleet, settled, wait_for
 
 pytestmark = pytest.mark.integration
 
 APP, DEP, N = "phealth", "Breakable", 6
+NAMESPACE = "fleetplane_breakable"
 IMPORT = "tests.integration.health_apps:Breakable"
 
 
@@ -65,8 +68,13 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def breakable(fleet) -> Fleet:
-    return Fleet(fleet)
+def breakable(fleet) -> Fleet:  # fleet: the session's Ray is up
+    with own_fleet(NAMESPACE) as client:
+        yield Fleet(client)
+
+
+def call(replica: dict, *args, method: str = "__call__"):
+    return conftest.call(replica, *args, method=method, namespace=NAMESPACE)
 
 
 def health(status: dict) -> dict:
@@ -92,7 +100,7 @@ def test_fresh_pushes_keep_pull_probes_near_zero(breakable):
 
 def test_probes_answer_from_cache(breakable):
     replica = next(r for rid, r in breakable.original.items() if rid not in breakable.broken)
-    actor = ray.get_actor(replica["actor_name"], namespace="fleetplane")
+    actor = ray.get_actor(replica["actor_name"], namespace=NAMESPACE)
     before = call(replica, method="health_checks")
     ray.get([actor.check_health.remote() for _ in range(50)], timeout=30)
     # 50 concurrent probes; only the periodic self-check (every 0.5 s) ran meanwhile.
