@@ -5,6 +5,12 @@ that fails validation or whose code fails to import changes nothing that is runn
 The accepted config is checkpointed in Ray's internal key-value store (GCS) before it is
 pushed, so a restarted controller resumes from it. Each deployment belongs to the shard
 its id hashes to (``specs.shard_of``); the controller pushes whole specs, shards converge.
+
+Self-healing: every control actor runs with ``max_restarts=-1``. A restarted controller
+resumes from the checkpoint as soon as anyone calls it (proxies long-poll it all the
+time), adopting the shards and proxies it finds alive. The controller watches shards and
+proxies (``supervision.Supervisor``): a restarted shard is sent its desired state again
+and re-adopts its replicas; a restarted proxy is told to serve again.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from controlplane.settings import Settings, shard_actor_name
 from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of
 from controlplane.status import assemble_status
+from controlplane.supervision import Supervisor
 from controlplane.user_code import build_applications
 from controlplane.wire import ROUTES_KEY, RoutesUpdate
 
@@ -45,7 +52,15 @@ class Controller:
         self._generation = 0
         self._recovered = False
         self._routes = LongPollHost()
-        self._proxies = ProxyFleet(self._settings)
+        self._supervisor = Supervisor()
+        self._proxies = ProxyFleet(self._settings, self._supervisor)
+        self._recovery: asyncio.Task | None = None
+        self._restarts = _count_restart(self._settings.checkpoint_key)
+
+    def _kick_recovery(self) -> None:
+        """A restarted controller resumes on the first call that reaches it."""
+        if not self._recovered and self._recovery is None:
+            self._recovery = asyncio.get_running_loop().create_task(self.ready())
 
     async def ready(self) -> dict:
         """Resume from the checkpoint once (a restarted controller re-applies it)."""
@@ -125,25 +140,30 @@ class Controller:
         remote_shard = ray.remote(ControllerShard)
         self._shards = [remote_shard.options(
             name=shard_actor_name(i), namespace=self._settings.namespace, lifetime="detached",
-            num_cpus=0, get_if_exists=True, max_concurrency=10_000,
+            num_cpus=0, get_if_exists=True, max_concurrency=10_000, max_restarts=-1,
         ).remote(i, self._settings_dict) for i in range(num_shards)]
+        for i, shard in enumerate(self._shards):
+            self._supervisor.watch(f"shard_{i}", shard, lambda i=i: self._push_one(i))
 
     async def _push(self) -> None:
         """Level-based: each shard gets its whole desired set and deletes what is not in
         it, so a push that failed part-way is repaired by the next one."""
+        await asyncio.gather(*(self._push_one(i) for i in range(len(self._shards))))
+
+    async def _push_one(self, index: int) -> None:
+        """Shard ``index``'s whole desired set (also what a restarted shard recovers from)."""
         k = len(self._shards)
-        per_shard: list[list[DeploymentSpec]] = [[] for _ in range(k)]
-        for spec in self._specs.values():
-            per_shard[shard_of(spec.id, k)].append(spec)
-        await asyncio.gather(*(shard.set_desired.remote(per_shard[i])
-                               for i, shard in enumerate(self._shards)))
+        specs = [s for s in self._specs.values() if shard_of(s.id, k) == index]
+        await self._shards[index].set_desired.remote(specs)
 
     async def listen_routes(self, known: dict, timeout_s: float = 30.0) -> dict:
         """Long-poll for proxies and handles: route prefixes and the shard count."""
+        self._kick_recovery()
         return await self._routes.listen(known, watch_all=True, timeout_s=timeout_s)
 
     async def health(self) -> dict:
         """``controller.health`` alone (for the proxies' /metrics)."""
+        self._kick_recovery()
         stats = await asyncio.gather(*(s.health.remote() for s in self._shards))
         return merge_all(stats).as_json()
 
@@ -152,19 +172,36 @@ class Controller:
         shard_status = await asyncio.gather(*(s.status.remote() for s in self._shards))
         status = assemble_status(self._config, shard_status, self._generation)
         status["controller"]["proxies"] = self._proxies.addresses()
+        status["controller"]["actors"] = {
+            "controller": {"alive": True, "restarts": self._restarts,
+                           "last_restart_reason": "its process died; Ray restarted it"
+                           if self._restarts else ""},
+            **self._supervisor.statistics()}
         return status
 
     async def shutdown(self, timeout_s: float = 60.0) -> dict:
         """Drain and stop every replica and shard, and forget the checkpoint."""
         async with self._lock:
+            self._supervisor.stop_all()  # what is stopped now must stay stopped
             drained = await asyncio.gather(*(s.shutdown.remote(timeout_s) for s in self._shards),
                                            return_exceptions=True)
             for shard in self._shards:
                 ray.kill(shard, no_restart=True)
             await self._proxies.shutdown()
             internal_kv._internal_kv_del(self._settings.checkpoint_key)
+            internal_kv._internal_kv_del(f"{self._settings.checkpoint_key}/restarts")
             self._shards, self._specs, self._config = [], {}, None
             return {"drained": all(d is True for d in drained)}
+
+
+def _count_restart(checkpoint_key: str) -> int:
+    """How often Ray restarted this controller (kept beside the checkpoint in GCS)."""
+    key = f"{checkpoint_key}/restarts"
+    restarts = int(internal_kv._internal_kv_get(key) or 0)
+    if ray.get_runtime_context().was_current_actor_reconstructed:
+        restarts += 1
+        internal_kv._internal_kv_put(key, str(restarts).encode(), overwrite=True)
+    return restarts
 
 
 # max_calls=1: a fresh worker per build, so a re-deploy imports the user's edited code.

@@ -10,6 +10,11 @@ Health is push first (``push_health.DeploymentHealth``: pushes on metric reports
 heartbeats, pull probes only for stale pushes, the stall guard, and the rule that
 replaces a replica at ``unhealthy_threshold``); this shell carries out its actions.
 
+Re-adoption: a deployment new to this shard first takes over the live replicas a previous
+shard actor started (``adopting``; this shard was restarted), so a control-plane restart
+restarts no replica. Until that is done it neither plans nor publishes routing: routers
+keep the replica set they had.
+
 One writer per field: ``ReplicaOps`` runs the remote calls and reports each outcome
 through the methods under "outcomes" (``replica_created``, ``replica_started``,
 ``start_failed``...); only this class assigns its fields. Start backoff and the
@@ -34,9 +39,10 @@ from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, Repl
                                     StartReplica, StopReplica, deployment_status, plan)
 from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
-from controlplane.specs import DeploymentSpec
+from controlplane.specs import DeploymentSpec, stable_hash
 from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
-from controlplane.wire import MetricReport, PushedHealth, ReplicaInfo, RoutingUpdate
+from controlplane.wire import (MetricReport, PushedHealth, ReplicaDescription, ReplicaInfo,
+                               RoutingUpdate)
 
 if TYPE_CHECKING:
     from controlplane.replica_ops import ReplicaOps
@@ -64,6 +70,7 @@ class DeploymentState:
             period, self.health_totals, unhealthy_threshold=settings.unhealthy_threshold,
             guard=StallGuard(period, self.health_totals, cap_s=settings.stall_episode_cap_s))
         self.deleting = False
+        self.adopting = False  # taking over live replicas; no plan, no routing until done
         self.backoff = StartBackoff()
         self._backoff_policy = StartBackoffPolicy(settings.start_backoff_initial_s,
                                                   settings.start_backoff_max_s,
@@ -125,6 +132,8 @@ class DeploymentState:
 
     # ---- the tick --------------------------------------------------------------------
     def tick(self, now: float) -> None:
+        if self.adopting:
+            return
         if self.backoff.expired(now):
             self.backoff = self.backoff.with_expired()
             self._dirty = True
@@ -263,6 +272,37 @@ class DeploymentState:
         self._config_versions[replica_id] = self.spec.user_config_version
         self._handles[replica_id] = handle
 
+    def replica_adopted(self, found: ReplicaDescription, handle: Any, actor_name: str,
+                        now: float) -> bool:
+        """A live replica a previous shard started: RUNNING with the rank and versions it
+        reports, watched by push health. False (the caller kills it) when it had not
+        finished starting or was already stopping; replaced at once when its fresh
+        self-check failed."""
+        self._next_seq = max(self._next_seq, _seq_of(found.replica_id) + 1)
+        if not found.initialized or found.stopping or found.replica_id in self.replicas:
+            return False
+        self.replicas.add(ReplicaRecord(
+            replica_id=found.replica_id, state=ReplicaState.RUNNING,
+            version=found.code_version, rank=self.ranks.adopt(found.replica_id, found.rank),
+            started_at=now, actor_name=actor_name, actor_id=found.actor_id,
+            node_id=found.node_id))
+        self._config_versions[found.replica_id] = stable_hash(found.user_config)
+        self._handles[found.replica_id] = handle
+        self.health.watch(found.replica_id, now)
+        if not found.healthy:
+            self.ops.stop(found.replica_id, f"unhealthy when re-adopted: {found.message}",
+                          event=ReplicaEvent.UNHEALTHY)
+        return True
+
+    def adopt_existing(self) -> None:
+        """Before anything else, take over the live replicas of this deployment."""
+        self.adopting = True
+        self.spawn(self.ops.adopt_existing())
+
+    def adoption_done(self) -> None:
+        self.adopting = False
+        self.mark_dirty()
+
     def replica_started(self, replica_id: str, info: dict, now: float) -> bool:
         """Initialized and healthy: RUNNING, watched by push health. False when the
         replica moved on meanwhile (the start is then ignored)."""
@@ -317,6 +357,8 @@ class DeploymentState:
     def routing_update(self) -> RoutingUpdate | None:
         """What routers need, if it changed since the last call; else None, in O(1)
         (membership is keyed on the fingerprint, limits on the spec)."""
+        if self.adopting:
+            return None
         spec = self.spec
         key = (self.replicas.fingerprint, spec.max_ongoing_requests, spec.max_queued_requests,
                tuple(sorted(spec.backpressure_config.items())))
@@ -337,9 +379,12 @@ class DeploymentState:
     def status(self, now: float) -> dict:
         snap = self.snapshot(now)
         status = deployment_status(snap, self.backoff.deploy_failed, self.health.unhealthy)
+        message = self.backoff.last_error if status in ("DEPLOY_FAILED", "UPDATING") else ""
+        if self.adopting:
+            status, message = "UPDATING", "re-adopting the running replicas (shard restarted)"
         return {
             "status": status,
-            "message": self.backoff.last_error if status in ("DEPLOY_FAILED", "UPDATING") else "",
+            "message": message,
             "target_replicas": self.target_replicas,
             "version": self.spec.code_version,
             "autoscaling": self._policy is not None,
@@ -358,3 +403,9 @@ class DeploymentState:
         return {"replica_id": r.replica_id, "state": r.state.value, "rank": r.rank,
                 "healthy": healthy, "node_id": r.node_id, "actor_name": r.actor_name,
                 "version": r.version, "message": r.message}
+
+
+def _seq_of(replica_id: str) -> int:
+    """The sequence number in "app#deployment#N"; -1 for a name not made here."""
+    tail = replica_id.rpartition("#")[2]
+    return int(tail) if tail.isdigit() else -1

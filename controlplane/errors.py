@@ -104,3 +104,7 @@ class RouterClosedError(Exception):
 
     def __str__(self) -> str:
         return f"deployment {self.deployment} no longer takes requests: {self.reason}"
+
+
+class ControllerUnavailable(NoInstance):
+    """The controller did not answer: Ray is restarting it (transient: try again)."""

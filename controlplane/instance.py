@@ -13,7 +13,7 @@ from ray.exceptions import RayTaskError
 
 from controlplane.config import DeployConfig, config_to_dict
 from controlplane.controller import Controller
-from controlplane.errors import NoInstance
+from controlplane.errors import ControllerUnavailable, NoInstance
 from controlplane.settings import Settings
 
 
@@ -35,11 +35,20 @@ def connect(address: str | None) -> None:
                          "`fleetplane run CONFIG` or pass --address") from None
 
 
+_STATUS_TIMEOUT_S = 15.0  # status is cheap: longer means the controller is restarting
+_RESTARTING = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError,
+               ray.exceptions.GetTimeoutError)
+
+
 def _unwrap(call: Callable[[], Any]) -> Any:
     try:
         return call()
     except RayTaskError as e:
         raise e.cause if isinstance(e.cause, Exception) else e from None
+    except _RESTARTING as e:  # Ray is restarting the controller (or it is overloaded)
+        raise ControllerUnavailable(
+            f"the fleetplane controller is not answering ({type(e).__name__}); Ray restarts "
+            "it within seconds: try again") from None
 
 
 class Client:
@@ -50,7 +59,7 @@ class Client:
         s = self.settings
         handle = ray.remote(Controller).options(
             name=s.controller_name, namespace=s.namespace, lifetime="detached", num_cpus=0,
-            get_if_exists=True, max_concurrency=1000).remote(s.to_dict())
+            get_if_exists=True, max_concurrency=1000, max_restarts=-1).remote(s.to_dict())
         ray.get(handle.ready.remote())
         return handle
 
@@ -67,7 +76,7 @@ class Client:
 
     def status(self) -> dict:
         controller = self.controller()
-        return _unwrap(lambda: ray.get(controller.status.remote()))
+        return _unwrap(lambda: ray.get(controller.status.remote(), timeout=_STATUS_TIMEOUT_S))
 
     def shutdown(self, timeout_s: float = 60.0) -> dict:
         controller = self.controller()

@@ -33,6 +33,7 @@ from controlplane.settings import Settings
 from controlplane.wire import HTTPRequestData, RoutesUpdate
 
 logger = logging.getLogger(__name__)
+_RESTART_ROUTES_WAIT_S = 5.0  # a restarted proxy waits this long at most for its routes
 
 
 class ClientGone(Exception):
@@ -151,6 +152,7 @@ class Proxy:
         self._app = ProxyApp(self._routers, ProxyMetrics(), self._controller_health)
         self._server: uvicorn.Server | None = None
         self._subscriber: RoutingSubscriber | None = None
+        self._stopped = asyncio.Event()
 
     async def _controller_health(self) -> dict:
         s = self._settings
@@ -158,6 +160,12 @@ class Proxy:
         return await controller.health.remote()
 
     async def ready(self) -> str:
+        if self._subscriber is None:
+            self._subscriber = RoutingSubscriber(self._settings, self._routers.update,
+                                                 self._app.set_routes)
+            self._subscriber.start()
+            if ray.get_runtime_context().was_current_actor_reconstructed:
+                await self._wait_routable(_RESTART_ROUTES_WAIT_S)
         if self._server is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -172,16 +180,31 @@ class Proxy:
             self._server = uvicorn.Server(config)
             self._serving = asyncio.get_running_loop().create_task(
                 self._server.serve(sockets=[sock]))
-            self._subscriber = RoutingSubscriber(self._settings, self._routers.update,
-                                                 self._app.set_routes)
-            self._subscriber.start()
         while not self._server.started:  # uvicorn has no started event to await
             if self._serving.done():
                 raise RuntimeError(f"uvicorn stopped: {self._serving.exception()!r}")
             await asyncio.sleep(0.01)
         return f"http://{self._http['host']}:{self._http['port']}"
 
+    async def _wait_routable(self, timeout_s: float) -> None:
+        """A restarted proxy listens only once it knows the routes and the replicas behind
+        them (its long-polls answer at once), so it answers no request it cannot route."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._app.has_routes and all(self._routers.routable(key)
+                                            for key in self._app.table.routes.values()):
+                return
+            await asyncio.sleep(0.02)
+        logger.warning("restarted proxy: routes not all known after %.1fs; serving anyway",
+                       timeout_s)
+
+    async def wait_until_stopped(self) -> None:
+        """The controller's watch: pending until ``shutdown``; Ray fails it when this
+        actor's process dies (Ray restarts it; the controller then calls ``ready``)."""
+        await self._stopped.wait()
+
     async def shutdown(self) -> None:
+        self._stopped.set()
         if self._subscriber is not None:
             self._subscriber.stop()
         if self._server is not None:

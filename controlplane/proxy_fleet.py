@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from controlplane.errors import DeployRejected
 from controlplane.settings import Settings
+from controlplane.supervision import Supervisor
 
 
 def proxy_actor_name(node_id: str) -> str:
@@ -20,8 +21,9 @@ def proxy_actor_name(node_id: str) -> str:
 
 
 class ProxyFleet:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, supervisor: Supervisor) -> None:
         self._settings = settings
+        self._supervisor = supervisor
         self._http: dict | None = None
         self._proxies: dict[str, Any] = {}  # node_id -> proxy actor
 
@@ -52,6 +54,7 @@ class ProxyFleet:
             created[node_id] = remote_proxy.options(
                 name=proxy_actor_name(node_id), namespace=self._settings.namespace,
                 lifetime="detached", num_cpus=0, max_concurrency=100_000, get_if_exists=True,
+                max_restarts=-1,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(self._settings.to_dict(), http_options)
         starting = {**adopted, **created}
@@ -66,6 +69,8 @@ class ProxyFleet:
             raise DeployRejected(f"the HTTP proxy on node {node[:12]} could not start: {cause}")
         self._proxies.update(starting)
         self._http = dict(http_options)
+        for node_id, proxy in starting.items():  # a restarted proxy is told to serve again
+            self._supervisor.watch(f"proxy_{node_id[:12]}", proxy, proxy.ready.remote)
 
     async def shutdown(self) -> None:
         await asyncio.gather(*(p.shutdown.remote() for p in self._proxies.values()),

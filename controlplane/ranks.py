@@ -62,6 +62,14 @@ class RankManager:
         self._hold(replica_id, rank)
         return rank
 
+    def adopt(self, replica_id: str, rank: int) -> int:
+        """A re-adopted replica keeps the rank it reports when that rank is free; else it
+        gets the lowest free one (the consistency pass compacts what remains)."""
+        if rank >= 0 and rank not in self._id_by_rank and replica_id not in self._rank_by_id:
+            self._hold(replica_id, rank)
+            return rank
+        return self.assign(replica_id)
+
     def release(self, replica_id: str) -> None:
         rank = self._rank_by_id.pop(replica_id, None)
         if rank is not None:

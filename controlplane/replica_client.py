@@ -19,7 +19,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from controlplane.specs import DeploymentSpec
-from controlplane.wire import REPLICA_ACTOR_CLASS, ReplicaInit
+from controlplane.wire import REPLICA_ACTOR_CLASS, ReplicaDescription, ReplicaInit
 
 logger = logging.getLogger(__name__)
 
@@ -34,17 +34,25 @@ class ReplicaCallFailed(Exception):
         super().__init__(message)
 
 
+_ACTOR_PREFIX = "fleetplane_replica::"
+
+
 def replica_actor_name(replica_id: str) -> str:
-    return f"fleetplane_replica::{replica_id}"
+    return f"{_ACTOR_PREFIX}{replica_id}"
 
 
 class ReplicaClient(Protocol):
     """What a shard may do to a replica. ``create`` returns a handle at once (the actor
     starts in the background) or raises: ``ValueError`` when the actor name is taken,
     anything else when the scheduler refused it. The async calls raise ``ReplicaDied``
-    or ``ReplicaCallFailed``; ``stop`` and ``kill`` never raise."""
+    or ``ReplicaCallFailed``; ``stop`` and ``kill`` never raise. ``find`` lists the live
+    replica actors of a deployment by name (replica id -> handle), for re-adoption."""
 
     def create(self, init: ReplicaInit, spec: DeploymentSpec) -> Any: ...
+
+    def find(self, app: str, deployment: str) -> dict[str, Any]: ...
+
+    async def describe(self, handle: Any, timeout_s: float) -> ReplicaDescription: ...
 
     async def initialize(self, handle: Any, timeout_s: float) -> dict: ...
 
@@ -97,6 +105,23 @@ class RayReplicaClient:
             name=replica_actor_name(init.replica_id), namespace=self._namespace,
             lifetime="detached", max_restarts=0, max_concurrency=10_000,
             **options).remote(init)
+
+    def find(self, app: str, deployment: str) -> dict[str, Any]:
+        """Live replica actors of one deployment in this namespace, by replica id."""
+        prefix = replica_actor_name(f"{app}#{deployment}#")
+        found = {}
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            name = entry["name"]
+            if entry["namespace"] != self._namespace or not name.startswith(prefix):
+                continue
+            try:
+                found[name[len(_ACTOR_PREFIX):]] = ray.get_actor(name, namespace=self._namespace)
+            except ValueError:  # it died between the listing and the lookup
+                pass
+        return found
+
+    async def describe(self, handle: Any, timeout_s: float) -> ReplicaDescription:
+        return await call_replica(handle.describe.remote(), timeout_s)
 
     async def initialize(self, handle: Any, timeout_s: float) -> dict:
         return await call_replica(handle.initialize.remote(), timeout_s)

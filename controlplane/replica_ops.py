@@ -16,6 +16,7 @@ module starts is answered to ``DeploymentState.probe_resolved`` exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -74,7 +75,7 @@ class ReplicaOps:
             serialized_def=spec.serialized_def, user_config=spec.user_config,
             rank=d.ranks.assign(replica_id), max_ongoing_requests=spec.max_ongoing_requests,
             shard_name=self._shard_name, namespace=self._namespace,
-            metrics_report_interval_s=self._report_interval_s,
+            metrics_report_interval_s=self._report_interval_s, code_version=spec.code_version,
             drain_min_s=self._drain_min_s,
             health_check_period_s=spec.health_check_period_s,
             health_check_timeout_s=spec.health_check_timeout_s,
@@ -91,6 +92,31 @@ class ReplicaOps:
             return
         if d.replica_started(replica_id, info, self._clock.monotonic()):
             d.spawn(self._watch_death(replica_id, handle))
+
+    # ---- re-adoption --------------------------------------------------------------------------
+    async def adopt_existing(self) -> None:
+        """Take over the deployment's live replicas (this shard restarted): each describes
+        itself, with a fresh self-check; one that cannot is killed, and reconcile replaces
+        it once adoption is done."""
+        d = self._d
+        found = self._client.find(d.spec.id.app, d.spec.id.name)
+        timeout_s = d.spec.health_check_timeout_s + d.settings.stop_grace_extra_s
+        answers = await asyncio.gather(*(self._client.describe(h, timeout_s)
+                                         for h in found.values()), return_exceptions=True)
+        now = self._clock.monotonic()
+        for (replica_id, handle), answer in zip(found.items(), answers):
+            if isinstance(answer, BaseException):
+                logger.warning("replica %s could not be re-adopted (%s); replacing it",
+                               replica_id, answer)
+                self._client.kill(handle)
+            elif d.replica_adopted(answer, handle, replica_actor_name(replica_id), now):
+                d.spawn(self._watch_death(replica_id, handle))
+            else:
+                self._client.kill(handle)
+        if found:
+            logger.info("%s: re-adopted %d of %d live replicas", d.spec.id,
+                        len(d.replicas), len(found))
+        d.adoption_done()
 
     # ---- stop --------------------------------------------------------------------------------
     def stop(self, replica_id: str, reason: str, event: ReplicaEvent = ReplicaEvent.STOP) -> None:

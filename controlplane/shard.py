@@ -77,8 +77,9 @@ class ShardCore:
     def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
         for spec in specs:
             state = self._deployments.get(spec.id)
-            if state is None:
+            if state is None:  # new here: first take over its live replicas, if any
                 self._deployments[spec.id] = self._new_state(spec)
+                self._deployments[spec.id].adopt_existing()
             else:
                 state.update_spec(spec)
         for dep_id in deleted:
@@ -201,6 +202,7 @@ class ControllerShard:
     def __init__(self, index: int, settings: dict) -> None:
         parsed = Settings.from_dict(settings)
         self._core = ShardCore(index, parsed, RayReplicaClient(parsed.namespace), SystemClock())
+        self._stopped = asyncio.Event()
 
     async def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
         self._core.apply(specs, deleted)
@@ -228,5 +230,12 @@ class ControllerShard:
         self._core.ensure_running()
         return await self._core.routing.listen(known, watch_all, timeout_s)
 
+    async def wait_until_stopped(self) -> None:
+        """The controller's watch: pending until ``shutdown``; Ray fails it when this
+        actor's process dies (then Ray restarts it and the controller re-sends its
+        desired state, which it re-adopts its replicas from)."""
+        await self._stopped.wait()
+
     async def shutdown(self, timeout_s: float) -> bool:
+        self._stopped.set()
         return await self._core.wait_drained(timeout_s)

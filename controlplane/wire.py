@@ -16,6 +16,7 @@ gets a default, so an older sender stays valid during a rolling upgrade.
 | ``MetricReport`` | replica -> shard | ``ControllerShard.report_metrics`` |
 | ``PushedHealth`` | replica -> shard | on a ``MetricReport``, or ``report_health`` |
 | ``DeploymentRef`` | controller's build -> replica | a constructor argument |
+| ``ReplicaDescription`` | replica -> a recovering shard | ``Replica.describe`` |
 | ``RoutingUpdate`` / ``ReplicaInfo`` | shard -> proxies, handles | ``listen_routing`` |
 | ``RoutesUpdate`` | controller -> proxies, handles | ``listen_routes`` |
 | ``HTTPRequestData`` | proxy -> replica | ``Replica.handle_http`` |
@@ -45,6 +46,7 @@ class ReplicaInit:
     shard_name: str
     namespace: str
     metrics_report_interval_s: float
+    code_version: str = ""  # the spec's, so a recovering shard can re-adopt the replica
     # Defaults are the stock DEPLOYMENT_DEFAULTS / ShardSettings values.
     health_check_period_s: float = 10.0
     health_check_timeout_s: float = 30.0
@@ -86,6 +88,24 @@ class MetricReport:
     def load(self) -> int:
         """Requests this replica holds: the quantity autoscaling targets per replica."""
         return self.ongoing_requests + self.queued_requests
+
+
+@dataclass(frozen=True)
+class ReplicaDescription:
+    """What a recovering shard needs to re-adopt a live replica without restarting it:
+    who it is, its rank and versions as the replica itself knows them, where it runs, and
+    the result of a fresh self-check run for this answer (never a cached one)."""
+
+    replica_id: str
+    rank: int
+    code_version: str
+    user_config: Any
+    actor_id: str
+    node_id: str
+    initialized: bool  # False: its constructor or first check has not finished
+    stopping: bool  # the previous shard already asked it to stop
+    healthy: bool
+    message: str = ""  # why the fresh check failed
 
 
 @dataclass(frozen=True)

@@ -88,8 +88,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         start_local_ray()
     # After ray.init, which installs a SIGTERM handler of its own that exits at once:
-    # SIGTERM must drain like Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # SIGTERM must drain like Ctrl-C does. SIGINT is installed too: a shell starts a
+    # script's background job with SIGINT ignored, and Ctrl-C must work there as well.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _interrupt)
     _say(start, f"Ray ready ({'joined ' + args.address if args.address else 'embedded, local'})")
     client = Client()
     deployed = False
@@ -109,6 +111,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _serve(client, start: float, timeout_s: float) -> None:
     progress = _Progress(start)
     status = client.wait_until_running(timeout_s, progress)
@@ -120,9 +126,48 @@ def _serve(client, start: float, timeout_s: float) -> None:
     if all(a["status"] == "RUNNING" for a in status["applications"].values()):
         _say(start, f"all {running}/{target} replicas RUNNING "
              f"in {time.monotonic() - start:.2f}s; Ctrl-C to stop")
-    while True:
+    watch = _Supervision(start)
+    while True:  # a supervisor: a control actor's death is news, never a reason to exit
         time.sleep(2.0)
-        progress(client.status())
+        status = watch.status(client)
+        if status is not None:
+            progress(status)
+
+
+class _Supervision:
+    """Reads status for ``run`` and says what happened to the control actors: one line
+    when the controller stops answering and one when it is back, one per restart of a
+    shard or proxy (Ray restarts them; the controller recovers them)."""
+
+    def __init__(self, start: float) -> None:
+        self._start, self._down = start, False
+        self._seen: dict[str, tuple[int, bool]] = {}
+
+    def status(self, client) -> dict | None:
+        from controlplane.errors import NoInstance
+
+        try:
+            status = client.status()
+        except NoInstance as e:
+            if not self._down:
+                _say(self._start, f"control plane: {e}")
+            self._down = True
+            return None
+        if self._down:
+            _say(self._start, "control plane: the controller answers again")
+        self._down = False
+        self._report_restarts(status["controller"].get("actors", {}))
+        return status
+
+    def _report_restarts(self, actors: dict) -> None:
+        for name, actor in actors.items():
+            seen = (actor["restarts"], actor["alive"])
+            if self._seen.get(name, seen) != seen:
+                _say(self._start, f"control plane: {name} restarted by Ray and recovered "
+                     f"({actor['restarts']} restart(s); last: {actor['last_restart_reason']})"
+                     if actor["alive"] else f"control plane: {name} died "
+                     f"({actor['last_restart_reason']}); Ray is restarting it")
+            self._seen[name] = seen
 
 
 def _stop(client, start: float, embedded: bool) -> None:

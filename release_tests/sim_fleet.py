@@ -42,7 +42,7 @@ from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, call_rep
 from controlplane.settings import ReplicaSettings, Settings, ShardSettings, shard_actor_name
 from controlplane.shard import ControllerShard, ShardCore
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import MetricReport, PushedHealth, ReplicaInit
+from controlplane.wire import MetricReport, PushedHealth, ReplicaDescription, ReplicaInit
 from release_tests.health_records import UpdateRecorder
 from replicas.self_health import HealthCheckFailed
 
@@ -187,6 +187,17 @@ class SimReplicaClient:
         handle = SimHandle(init, self._hosts[next(self._placement)])
         self._live[init.replica_id] = handle
         return handle
+
+    def find(self, app: str, deployment: str) -> dict[str, SimHandle]:
+        prefix = f"{app}#{deployment}#"
+        return {rid: h for rid, h in self._live.items() if rid.startswith(prefix)}
+
+    async def describe(self, handle: SimHandle, timeout_s: float) -> ReplicaDescription:
+        init = handle.init  # simulated replicas keep their init rank, config and health
+        return ReplicaDescription(
+            replica_id=init.replica_id, rank=init.rank, code_version=init.code_version,
+            user_config=init.user_config, actor_id=f"sim-{init.replica_id}", node_id="sim",
+            initialized=True, stopping=False, healthy=True)
 
     def end_all(self) -> None:
         """Release every death watch (before the harness kills the shard)."""

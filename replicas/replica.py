@@ -25,7 +25,7 @@ from controlplane.clock import SystemClock
 from controlplane.routing.handles import DeploymentHandle, HandleRuntime
 from controlplane.settings import Settings
 from controlplane.wire import (DeploymentRef, HTTPRequestData, MetricReport, PushedHealth,
-                               ReplicaInit)
+                               ReplicaDescription, ReplicaInit)
 from replicas.context import ReplicaContext, set_replica_context
 from replicas.http_adapter import is_streaming, response_parts, to_starlette, unary_response
 from replicas.replica_health import ReplicaHealth
@@ -41,6 +41,7 @@ class Replica:
     def __init__(self, init: ReplicaInit) -> None:
         self._init = init
         self._rank = init.rank
+        self._user_config = init.user_config  # as last applied: init, then reconfigure
         self._user: UserCallable | None = None
         self._slots = asyncio.Semaphore(init.max_ongoing_requests)
         self._ongoing = 0
@@ -115,6 +116,24 @@ class Replica:
 
     async def reconfigure(self, user_config: Any) -> None:
         await self._user.reconfigure(user_config)
+        self._user_config = user_config
+
+    async def describe(self) -> ReplicaDescription:
+        """For a recovering shard: identity, rank, versions, placement, and a fresh
+        self-check (a failing user check is reported, not raised)."""
+        ctx = ray.get_runtime_context()
+        healthy, message = True, ""
+        if self._health is not None:
+            try:
+                await self._health.check_fresh()
+            except Exception as e:  # HealthCheckFailed, or the user's check raising
+                healthy, message = False, f"{type(e).__name__}: {e}"
+        i = self._init
+        return ReplicaDescription(
+            replica_id=i.replica_id, rank=self._rank, code_version=i.code_version,
+            user_config=self._user_config, actor_id=ctx.get_actor_id(),
+            node_id=ctx.get_node_id(), initialized=self._health is not None,
+            stopping=self._stopped.is_set(), healthy=healthy, message=message)
 
     async def update_rank(self, rank: int) -> None:
         self._rank = rank

@@ -84,6 +84,11 @@ class ReplicaHealth:
         self._pusher.on_report_sent(self._self.snapshot(), self._clock.monotonic())
 
     # ---- what the replica's remote methods delegate to ----------------------------------
+    async def check_fresh(self) -> None:
+        """Run the user check now, bypassing the cache (a recovering shard re-adopting this
+        replica must not judge it by a stale result); ``HealthCheckFailed`` if it fails."""
+        await self._self.check_fresh()
+
     async def check_for_probe(self) -> None:
         """A pull probe: the cached result while the self-health task runs, else a fresh
         check; raises ``HealthCheckFailed`` when unhealthy."""

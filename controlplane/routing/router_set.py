@@ -43,6 +43,10 @@ class RouterSet:
                                                  self._settings)
         router.apply_routing_update(update)
 
+    def routable(self, key: str) -> bool:
+        """The deployment has a router with a running replica to place on."""
+        return self._placeable(key) is not None
+
     def _placeable(self, key: str) -> Router | None:
         """The deployment's router, or None while it has no running replica: waiting
         would hang the caller for as long as none run (starting, failed to deploy, all

@@ -19,12 +19,12 @@ from typing import Any
 
 from controlplane.replica_client import ReplicaDied
 from controlplane.specs import DeploymentSpec
-from controlplane.wire import ReplicaInit
+from controlplane.wire import ReplicaDescription, ReplicaInit
 
 OK = "ok"
 HOLD = "hold"
 ASYNC_METHODS = ("initialize", "check_health", "reconfigure", "update_rank", "stop",
-                 "update_health_timings")
+                 "update_health_timings", "describe")
 
 
 @dataclass
@@ -38,6 +38,8 @@ class FakeHandle:
     rank: int  # the rank the replica knows: from init, then from update_rank
     user_config: Any
     killed: bool = False
+    initialized: bool = False
+    fresh_check_error: str = ""  # what a fresh self-check of this replica fails with
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,23 @@ class FakeReplicaClient:
         self.handles[rid] = handle
         return handle
 
+    def find(self, app: str, deployment: str) -> dict[str, FakeHandle]:
+        prefix = f"{app}#{deployment}#"
+        return {rid: h for rid, h in self.handles.items()
+                if rid.startswith(prefix) and not h.killed}
+
+    async def describe(self, handle: FakeHandle, timeout_s: float) -> ReplicaDescription:
+        await self._outcome("describe", handle, (timeout_s,))
+        return ReplicaDescription(
+            replica_id=handle.replica_id, rank=handle.rank,
+            code_version=handle.init.code_version, user_config=handle.user_config,
+            actor_id=f"actor-{handle.replica_id}", node_id=handle.node_id,
+            initialized=handle.initialized, stopping=False,
+            healthy=not handle.fresh_check_error, message=handle.fresh_check_error)
+
     async def initialize(self, handle: FakeHandle, timeout_s: float) -> dict:
         await self._outcome("initialize", handle, (timeout_s,))
+        handle.initialized = True
         return {"actor_id": f"actor-{handle.replica_id}", "node_id": handle.node_id}
 
     async def check_health(self, handle: FakeHandle, timeout_s: float) -> None:

@@ -23,7 +23,8 @@ def _shape(function) -> tuple[bool, list[str]]:
 
 def test_the_protocol_declares_the_shards_calls() -> None:
     assert {"create", "initialize", "check_health", "wait_until_stopped", "reconfigure",
-            "update_rank", "update_health_timings", "stop", "kill"} == set(METHODS)
+            "update_rank", "update_health_timings", "stop", "kill", "find",
+            "describe"} == set(METHODS)
 
 
 @pytest.mark.parametrize("client", [RayReplicaClient, FakeReplicaClient, SimReplicaClient])
