@@ -34,7 +34,7 @@ from controlplane.settings import Settings, shard_actor_name
 from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of
 from controlplane.status import assemble_status
-from controlplane.supervision import Supervisor
+from controlplane.supervision import Supervisor, restarted_by_ray
 from controlplane.user_code import build_applications
 from controlplane.wire import ROUTES_KEY, RoutesUpdate
 
@@ -169,7 +169,10 @@ class Controller:
 
     async def status(self) -> dict:
         await self.ready()
-        shard_status = await asyncio.gather(*(s.status.remote() for s in self._shards))
+        answers = await asyncio.gather(*(asyncio.wait_for(s.status.remote(), _SHARD_STATUS_S)
+                                         for s in self._shards), return_exceptions=True)
+        shard_status = [a if not isinstance(a, BaseException) else _restarting_shard(i, a)
+                        for i, a in enumerate(answers)]
         status = assemble_status(self._config, shard_status, self._generation)
         status["controller"]["proxies"] = self._proxies.addresses()
         status["controller"]["actors"] = {
@@ -194,11 +197,21 @@ class Controller:
             return {"drained": all(d is True for d in drained)}
 
 
+_SHARD_STATUS_S = 5.0  # a shard slower than this is restarting (or stuck): say so
+
+
+def _restarting_shard(index: int, error: BaseException) -> dict:
+    """The status row of a shard that did not answer: Ray is restarting it; its
+    deployments keep serving and show again once it re-adopted them."""
+    return {"index": index, "deployments": {}, "ticks": 0, "tick_errors_total": 0,
+            "last_tick_ms": 0.0, "unavailable": f"{type(error).__name__}: restarting"}
+
+
 def _count_restart(checkpoint_key: str) -> int:
     """How often Ray restarted this controller (kept beside the checkpoint in GCS)."""
     key = f"{checkpoint_key}/restarts"
     restarts = int(internal_kv._internal_kv_get(key) or 0)
-    if ray.get_runtime_context().was_current_actor_reconstructed:
+    if restarted_by_ray():
         restarts += 1
         internal_kv._internal_kv_put(key, str(restarts).encode(), overwrite=True)
     return restarts

@@ -41,14 +41,19 @@ _RESTARTING = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableErr
 
 
 def _unwrap(call: Callable[[], Any]) -> Any:
+    """The controller's answer, or its error as our own type: the user's exception out of
+    a RayTaskError, and ``ControllerUnavailable`` while Ray restarts a control actor."""
     try:
         return call()
     except RayTaskError as e:
-        raise e.cause if isinstance(e.cause, Exception) else e from None
-    except _RESTARTING as e:  # Ray is restarting the controller (or it is overloaded)
+        error = e.cause if isinstance(e.cause, Exception) else e
+    except _RESTARTING as e:
+        error = e
+    if isinstance(error, _RESTARTING):
         raise ControllerUnavailable(
-            f"the fleetplane controller is not answering ({type(e).__name__}); Ray restarts "
-            "it within seconds: try again") from None
+            f"the control plane is not answering ({type(error).__name__}); Ray restarts "
+            "its actors within seconds: try again") from None
+    raise error from None
 
 
 class Client:

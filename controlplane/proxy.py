@@ -30,6 +30,7 @@ from controlplane.routing.router_set import RouterSet
 from controlplane.routing.subscriber import RoutingSubscriber
 from controlplane.routing.transport import StreamAborted
 from controlplane.settings import Settings
+from controlplane.supervision import restarted_by_ray
 from controlplane.wire import HTTPRequestData, RoutesUpdate
 
 logger = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class Proxy:
             self._subscriber = RoutingSubscriber(self._settings, self._routers.update,
                                                  self._app.set_routes)
             self._subscriber.start()
-            if ray.get_runtime_context().was_current_actor_reconstructed:
+            if restarted_by_ray():
                 await self._wait_routable(_RESTART_ROUTES_WAIT_S)
         if self._server is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -44,7 +44,9 @@ def assemble_status(config: dict | None, shards: list[dict], generation: int) ->
             "generation": generation,
             "shards": [{"index": s["index"], "deployments": len(s["deployments"]),
                         "ticks": s["ticks"], "tick_errors_total": s["tick_errors_total"],
-                        "last_tick_ms": s["last_tick_ms"]} for s in shards],
+                        "last_tick_ms": s["last_tick_ms"],
+                        **({"unavailable": s["unavailable"]} if "unavailable" in s else {})}
+                       for s in shards],
             # Push health across shards (exact merge: counters add, histograms add).
             "health": merge_all(s["health"] for s in shards if "health" in s).as_json(),
         },

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+import ray
 from ray.exceptions import RayActorError
 
 from controlplane.routing.backoff import ErrorBackoff
@@ -92,6 +94,14 @@ class Supervisor:
                     logger.warning("%s: recovery failed %d time(s): %s", name,
                                    backoff.failures, backoff.last_error)
                 await asyncio.sleep(backoff.retry_at)
+
+
+def restarted_by_ray() -> bool:
+    """Whether this actor process is a restart (Ray 2.60's property reads a deprecated
+    field internally and warns on every call; the answer is what we need)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ray.get_runtime_context().was_current_actor_reconstructed
 
 
 def _first_line(error: BaseException) -> str:

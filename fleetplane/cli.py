@@ -148,9 +148,10 @@ class _Supervision:
 
         try:
             status = client.status()
-        except NoInstance as e:
+        except Exception as e:  # NoInstance when restarting; anything else: say it, go on
+            text = str(e) if isinstance(e, NoInstance) else f"{type(e).__name__}: {e}"
             if not self._down:
-                _say(self._start, f"control plane: {e}")
+                _say(self._start, f"control plane: {text.splitlines()[0] if text else ''}")
             self._down = True
             return None
         if self._down:
@@ -162,7 +163,8 @@ class _Supervision:
     def _report_restarts(self, actors: dict) -> None:
         for name, actor in actors.items():
             seen = (actor["restarts"], actor["alive"])
-            if self._seen.get(name, seen) != seen:
+            before = self._seen.get(name, seen)  # counts restart at 0 with the controller
+            if seen[0] > before[0] or seen[1] != before[1]:
                 _say(self._start, f"control plane: {name} restarted by Ray and recovered "
                      f"({actor['restarts']} restart(s); last: {actor['last_restart_reason']})"
                      if actor["alive"] else f"control plane: {name} died "

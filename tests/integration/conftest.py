@@ -68,8 +68,13 @@ def own_fleet(name: str) -> Iterator[Client]:
 _PORTS: dict[str, int] = {"fleetplane": HTTP_PORT}  # namespace -> its proxy port
 
 
+def port_of(client: Client) -> int:
+    """The proxy port of ``client``'s instance."""
+    return _PORTS.setdefault(client.settings.namespace, _free_port())
+
+
 def deploy(client: Client, *apps: dict, num_shards: int = 2) -> dict:
-    port = _PORTS.setdefault(client.settings.namespace, _free_port())
+    port = port_of(client)
     cfg = {"applications": list(apps), "controller_options": {"num_shards": num_shards},
            "http_options": {"host": "127.0.0.1", "port": port}}
     return client.deploy(parse_deploy_config(cfg))

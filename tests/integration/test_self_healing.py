@@ -1,0 +1,164 @@
+"""Control actors killed (SIGKILL) under steady HTTP load: the control plane heals itself.
+
+Runs on a fleetplane instance of its own (``own_fleet``), since it kills its controller,
+shards and proxy. For each kill: no request fails (the proxy's own death aside: its
+connections are refused until Ray restarts it, and no answer it gives is an error), no
+replica is restarted (same pids), ``status`` answers again with every control actor
+alive, and reconcile still acts afterwards (a deploy scales, a killed replica is
+replaced).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+import requests
+import ray._private.state as ray_state
+
+from tests.integration import conftest
+from tests.integration.conftest import app, dep_status, deploy, own_fleet, settled, wait_for
+
+pytestmark = pytest.mark.integration
+
+NAMESPACE, APP, N = "fleetplane_heal", "heal", 3
+
+
+def heal_app(n: int = N) -> dict:
+    return app(APP, "tests.integration.apps:Model",
+               deployments=[{"name": "Model", "num_replicas": n}])
+
+
+class Load:
+    """GETs at ~20/s from one thread; (time, outcome) per request: the status code, or
+    the exception's name when no answer came (connection refused...)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.results = url, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Load":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        session = requests.Session()
+        while not self._stop.is_set():
+            try:
+                outcome = session.get(self.url, timeout=10).status_code
+            except requests.RequestException as e:
+                outcome = type(e).__name__
+            self.results.append((time.monotonic(), outcome))
+            time.sleep(0.05)
+
+    def outcomes(self) -> list:
+        return [outcome for _, outcome in self.results]
+
+
+@pytest.fixture(scope="module")
+def heal(fleet):  # fleet: the session's Ray is up
+    with own_fleet(NAMESPACE) as client:
+        deploy(client, heal_app())
+        wait_for(client, settled(APP, N), what=f"{N} replicas")
+        yield client
+
+
+def replica_pids(client) -> dict[str, int]:
+    replicas = dep_status(client.status(), APP)["replicas"]
+    return {r["replica_id"]: conftest.call(r, namespace=NAMESPACE)["pid"] for r in replicas}
+
+
+def kill(actor_name: str) -> None:
+    """SIGKILL the process of this instance's actor (names repeat across namespaces)."""
+    actor_id = ray.get_actor(actor_name, namespace=NAMESPACE)._actor_id.hex()
+    os.kill(ray_state.actors()[actor_id]["Pid"], signal.SIGKILL)
+
+
+def healed(client, restarted: str | None = None) -> dict:
+    """Status answers, every control actor alive (``restarted`` after a restart), the
+    deployment settled."""
+    def check(status: dict) -> bool:
+        actors = status["controller"]["actors"]
+        return (all(a["alive"] for a in actors.values()) and settled(APP, N)(status)
+                and (restarted is None or actors[restarted]["restarts"] >= 1))
+    return wait_for(_Tolerant(client), check, timeout_s=60, what="the control plane healed")
+
+
+class _Tolerant:
+    """``status`` that waits out "restarting, try again" instead of failing."""
+
+    def __init__(self, client) -> None:
+        self._client = client
+
+    def status(self) -> dict:
+        from controlplane.errors import NoInstance
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return self._client.status()
+            except NoInstance:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def url(client) -> str:
+    return f"http://127.0.0.1:{conftest.port_of(client)}/{APP}"
+
+
+@pytest.mark.parametrize("victim", ["fleetplane_heal_controller", "fleetplane_shard_0",
+                                    "fleetplane_shard_1"])
+def test_a_killed_control_actor_costs_no_request_and_no_replica(heal, victim):
+    pids = replica_pids(heal)
+    with Load(url(heal)) as load:
+        time.sleep(0.5)
+        kill(victim)
+        name = "controller" if victim.endswith("controller") else victim.replace("fleetplane_", "")
+        healed(heal, restarted=name)
+        time.sleep(1.0)
+    assert load.outcomes() and set(load.outcomes()) == {200}, load.outcomes()
+    assert replica_pids(heal) == pids
+
+
+def test_reconcile_acts_after_the_shards_were_restarted(heal):
+    status = healed(heal)
+    victim = dep_status(status, APP)["replicas"][0]
+    kill(victim["actor_name"])
+    wait_for(heal, lambda s: settled(APP, N)(s) and victim["replica_id"] not in
+             {r["replica_id"] for r in dep_status(s, APP)["replicas"]}, what="replaced")
+    deploy(heal, heal_app(N + 1))
+    wait_for(heal, settled(APP, N + 1), what="scaled up after recovery")
+    deploy(heal, heal_app(N))
+    wait_for(heal, settled(APP, N), what="scaled back")
+
+
+def test_a_killed_proxy_is_restarted_and_never_answers_with_an_error(heal):
+    pids = replica_pids(heal)
+    [proxy] = [name for name in _named_actors() if name.startswith("fleetplane_proxy::")]
+    with Load(url(heal)) as load:
+        time.sleep(0.5)
+        kill(proxy)
+        healed(heal, restarted=f"proxy_{proxy.rpartition('::')[2][:12]}")
+        back_at = time.monotonic()
+        wait_for(heal, lambda s: any(t > back_at and o == 200 for t, o in load.results),
+                 what="a request answered by the restarted proxy")
+        time.sleep(1.0)
+    answers = [o for o in load.outcomes() if isinstance(o, int)]
+    assert set(answers) == {200}, load.outcomes()  # refused while down, never a 5xx
+    assert load.outcomes()[-1] == 200
+    assert replica_pids(heal) == pids
+
+
+def _named_actors() -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE]
