@@ -80,7 +80,8 @@ class _Progress:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_deploy_config(args.config)  # before Ray starts: a bad file costs nothing
-    from controlplane.instance import Client, connect, start_local_ray
+    from controlplane.instance import (Client, connect, forget_instance, record_instance,
+                                       start_local_ray)
 
     start = time.monotonic()
     if args.address:
@@ -92,6 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # script's background job with SIGINT ignored, and Ctrl-C must work there as well.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _interrupt)
+    record_instance()
     _say(start, f"Ray ready ({'joined ' + args.address if args.address else 'embedded, local'})")
     client = Client()
     deployed = False
@@ -108,6 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A joined instance that refused this config keeps running as it was.
         if deployed or not args.address:
             _stop(client, start, embedded=not args.address)
+        forget_instance()
     return EXIT_OK
 
 

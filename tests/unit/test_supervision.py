@@ -1,0 +1,114 @@
+"""The controller's watch over control actors, and ``run``'s report of it, without Ray.
+
+A fake actor handle stands in for a shard or proxy: its ``wait_until_stopped`` stays
+pending until the test "kills" the actor (Ray then fails the pending call) or stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ray.exceptions import RayActorError
+
+from controlplane.clock import FakeClock
+from controlplane.errors import ControllerUnavailable
+from controlplane.supervision import Supervisor
+from fleetplane.cli import _Supervision
+from tests.unit.virtual_time import run_virtual, wait_all_tasks_blocked
+
+
+class FakeActor:
+    def __init__(self) -> None:
+        self.wait_until_stopped = self  # handle.wait_until_stopped.remote()
+        self._pending: asyncio.Future | None = None
+
+    def remote(self) -> asyncio.Future:
+        self._pending = asyncio.get_running_loop().create_future()
+        return self._pending
+
+    def die(self) -> None:
+        if not self._pending.done():  # a cancelled watch no longer waits on it
+            self._pending.set_exception(RayActorError())
+
+    def stop(self) -> None:
+        self._pending.set_result(None)
+
+
+class Recovery:
+    """``recover()``: fails while the actor is still restarting, then succeeds."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.failures, self.calls = failures, 0
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RayActorError()
+
+
+def test_a_death_is_recovered_counted_and_watched_again():
+    async def main():
+        supervisor, actor, recover = Supervisor(), FakeActor(), Recovery(failures=2)
+        supervisor.watch("shard_0", actor, recover)
+        await wait_all_tasks_blocked()
+        assert supervisor.statistics()["shard_0"] == {
+            "alive": True, "restarts": 0, "last_restart_reason": ""}
+        actor.die()
+        await asyncio.sleep(5.0)  # retries back off on the virtual clock
+        assert recover.calls == 3
+        stats = supervisor.statistics()["shard_0"]
+        assert stats["alive"] and stats["restarts"] == 1
+        assert "before finishing this task" in stats["last_restart_reason"]
+        actor.die()  # watched again after the recovery
+        await asyncio.sleep(1.0)
+        assert supervisor.statistics()["shard_0"]["restarts"] == 2 and recover.calls == 4
+    run_virtual(FakeClock(), main)
+
+
+def test_a_stopped_actor_is_not_recovered_and_stop_all_ends_every_watch():
+    async def main():
+        supervisor, stopped, other = Supervisor(), FakeActor(), FakeActor()
+        recover = Recovery()
+        supervisor.watch("proxy_a", stopped, recover)
+        supervisor.watch("shard_0", other, recover)
+        await wait_all_tasks_blocked()
+        stopped.stop()
+        await wait_all_tasks_blocked()
+        supervisor.stop_all()
+        await wait_all_tasks_blocked()
+        other.die()  # after stop_all: nobody recovers it (shutdown kills it for good)
+        await asyncio.sleep(1.0)
+        assert recover.calls == 0
+    run_virtual(FakeClock(), main)
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.answers: list = []
+
+    def status(self) -> dict:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def status(restarts: int, alive: bool = True) -> dict:
+    return {"controller": {"actors": {"shard_0": {
+        "alive": alive, "restarts": restarts, "last_restart_reason": "killed"}}}}
+
+
+def test_run_reports_each_outage_and_restart_once(capsys):
+    client, watch = FakeClient(), _Supervision(start=0.0)
+    client.answers = [status(0), ControllerUnavailable("restarting"), RuntimeError("odd"),
+                      status(0), status(1, alive=False), status(1), status(1), status(0)]
+    results = [watch.status(client) for _ in range(len(client.answers))]
+    assert [r is None for r in results] == [False, True, True, False, False, False, False,
+                                            False]
+    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert lines == [
+        "control plane: restarting",
+        "control plane: the controller answers again",
+        "control plane: shard_0 died (killed); Ray is restarting it",
+        "control plane: shard_0 restarted by Ray and recovered (1 restart(s); last: killed)",
+    ]  # a count back at 0 (the controller itself restarted) is not news
