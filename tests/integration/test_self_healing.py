@@ -162,3 +162,51 @@ def test_a_killed_proxy_is_restarted_and_never_answers_with_an_error(heal):
 def _named_actors() -> list[str]:
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
             if a["namespace"] == NAMESPACE]
+
+
+def owning_shard() -> str:
+    from controlplane.specs import DeploymentId, shard_of
+
+    return f"fleetplane_shard_{shard_of(DeploymentId(APP, 'Model'), 2)}"
+
+
+def deploy_retrying(client, *apps: dict) -> None:
+    """What an operator does with "restarting, try again": try again."""
+    from controlplane.errors import ControllerUnavailable
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            deploy(client, *apps)
+            return
+        except ControllerUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_a_shard_killed_mid_rollout_converges_to_the_new_version(heal):
+    v2 = app(APP, "tests.integration.apps:Model", args={"tag": "v2"},
+             deployments=[{"name": "Model", "num_replicas": N}])
+    with Load(url(heal)) as load:
+        deploy(heal, v2)
+        wait_for(heal, lambda s: any(r["state"] == "STARTING"
+                                     for r in dep_status(s, APP)["replicas"]),
+                 what="the rollout under way")
+        kill(owning_shard())
+        status = wait_for(_Tolerant(heal), lambda s: settled(APP, N)(s) and len(
+            {r["version"] for r in dep_status(s, APP)["replicas"]}) == 1 and dep_status(
+            s, APP)["version"] == dep_status(s, APP)["replicas"][0]["version"],
+            timeout_s=90, what="every replica on the new version")
+    assert set(load.outcomes()) == {200}, load.outcomes()
+    tags = {conftest.call(r, namespace=NAMESPACE)["tag"]
+            for r in dep_status(status, APP)["replicas"]}
+    assert tags == {"v2"}
+
+
+def test_a_deploy_sent_while_the_controller_restarts_is_applied(heal):
+    kill("fleetplane_heal_controller")
+    deploy_retrying(heal, heal_app(N + 1))
+    wait_for(_Tolerant(heal), settled(APP, N + 1), what="the deploy applied after restart")
+    deploy_retrying(heal, heal_app(N))
+    wait_for(heal, settled(APP, N), what="scaled back")
