@@ -22,7 +22,7 @@ from typing import Any
 
 import ray
 import ray.cloudpickle as cloudpickle
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.experimental import internal_kv
 
 from controlplane.config import config_to_dict, parse_deploy_config
@@ -143,12 +143,26 @@ class Controller:
             num_cpus=0, get_if_exists=True, max_concurrency=10_000, max_restarts=-1,
         ).remote(i, self._settings_dict) for i in range(num_shards)]
         for i, shard in enumerate(self._shards):
-            self._supervisor.watch(f"shard_{i}", shard, lambda i=i: self._push_one(i))
+            self._supervisor.watch(f"shard_{i}", shard, lambda i=i: self._recover_shard(i))
+
+    async def _recover_shard(self, index: int) -> None:
+        """A restarted shard gets its desired state; under the lock, so it can never
+        overtake a newer deploy's push with an older set."""
+        async with self._lock:
+            await self._push_one(index)
 
     async def _push(self) -> None:
         """Level-based: each shard gets its whole desired set and deletes what is not in
-        it, so a push that failed part-way is repaired by the next one."""
-        await asyncio.gather(*(self._push_one(i) for i in range(len(self._shards))))
+        it, so a push that failed part-way is repaired by the next one. A shard that Ray is
+        restarting gets it from its watch once it is back (``_recover_shard``)."""
+        results = await asyncio.gather(*(self._push_one(i) for i in range(len(self._shards))),
+                                       return_exceptions=True)
+        for index, result in enumerate(results):
+            if isinstance(result, RayActorError):
+                logger.warning("shard %d is restarting; it gets this deploy when it is back",
+                               index)
+            elif isinstance(result, BaseException):
+                raise result
 
     async def _push_one(self, index: int) -> None:
         """Shard ``index``'s whole desired set (also what a restarted shard recovers from)."""

@@ -4,13 +4,9 @@ and call it with errors unwrapped to their own types (ConfigError, BuildError, .
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import socket
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import ray
@@ -19,6 +15,7 @@ from ray.exceptions import RayTaskError
 from controlplane.config import DeployConfig, config_to_dict
 from controlplane.controller import Controller
 from controlplane.errors import ControllerUnavailable, NoInstance
+from controlplane.instance_record import write_record
 from controlplane.settings import Settings
 
 
@@ -31,12 +28,9 @@ def start_local_ray(num_cpus: int | None = None) -> None:
              configure_logging=True)
 
 
-def connect(address: str | None) -> None:
-    """Join ``address``, else the cluster the running ``fleetplane run`` recorded, else
-    Ray's own choice ("auto"). An address nobody listens on is refused within seconds."""
-    target = address or recorded_address() or "auto"
-    if target != "auto":
-        _check_reachable(target)
+def connect(target: str) -> None:
+    """Join the cluster at ``target`` (from ``instance_record.resolve_target``, which must
+    run before Ray is imported)."""
     try:
         ray.init(address=target, namespace=Settings().namespace,
                  log_to_driver=False, logging_level=logging.ERROR)
@@ -45,61 +39,14 @@ def connect(address: str | None) -> None:
                          "`fleetplane run CONFIG` or pass --address") from None
 
 
-# ---- which cluster `fleetplane run` serves on ----------------------------------------------
-# With several Ray clusters on one machine, "auto" means the one started last, which may not
-# be fleetplane's: `run` records the address of the cluster it started or joined, and the
-# other commands use it while that `run` is alive.
-
-def _record_path() -> Path:
-    base = os.environ.get("FLEETPLANE_STATE_DIR") or os.path.join(
-        tempfile.gettempdir(), f"fleetplane-{os.getuid()}")
-    return Path(base) / "instance.json"
-
-
-def record_instance() -> None:
-    """Called by ``run`` once Ray is up."""
-    path = _record_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"address": ray.get_runtime_context().gcs_address,
-                                "pid": os.getpid()}))
-
-
-def forget_instance() -> None:
-    """Called by ``run`` when it stops: the record is removed if it is still its own."""
-    path = _record_path()
-    try:
-        if json.loads(path.read_text())["pid"] == os.getpid():
-            path.unlink()
-    except (OSError, ValueError, KeyError):
-        pass
-
-
-def recorded_address() -> str | None:
-    """The address a live ``fleetplane run`` recorded; None without one."""
-    try:
-        record = json.loads(_record_path().read_text())
-        os.kill(record["pid"], 0)  # raises when that run is gone
-        return record["address"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        return  # not host:port (e.g. ray://...): let Ray judge it
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return
-    except OSError as e:
-        raise NoInstance(f"no Ray cluster answers at {address} ({e.strerror or e}); is "
-                         "`fleetplane run` still running? Pass --address to choose another "
-                         "cluster") from None
-
-
 _STATUS_TIMEOUT_S = 15.0  # status is cheap: longer means the controller is restarting
 _RESTARTING = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError,
                ray.exceptions.GetTimeoutError)
+
+
+def record_instance() -> None:
+    """Called by ``run`` once Ray is up: other commands attach to this cluster."""
+    write_record(ray.get_runtime_context().gcs_address, os.environ.get("RAY_AUTH_MODE"))
 
 
 def _unwrap(call: Callable[[], Any]) -> Any:

@@ -80,12 +80,14 @@ class _Progress:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_deploy_config(args.config)  # before Ray starts: a bad file costs nothing
-    from controlplane.instance import (Client, connect, forget_instance, record_instance,
-                                       start_local_ray)
+    from controlplane.instance_record import forget_record, resolve_target
+
+    target = resolve_target(args.address) if args.address else None
+    from controlplane.instance import Client, connect, record_instance, start_local_ray
 
     start = time.monotonic()
-    if args.address:
-        connect(args.address)
+    if target:
+        connect(target)
     else:
         start_local_ray()
     # After ray.init, which installs a SIGTERM handler of its own that exits at once:
@@ -110,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A joined instance that refused this config keeps running as it was.
         if deployed or not args.address:
             _stop(client, start, embedded=not args.address)
-        forget_instance()
+        forget_record()
     return EXIT_OK
 
 
@@ -190,12 +192,21 @@ def _stop(client, start: float, embedded: bool) -> None:
     _say(start, "stopped" + (" (Ray shut down)" if embedded else ""))
 
 
-def cmd_deploy(args: argparse.Namespace) -> int:
-    cfg = load_deploy_config(args.config)
+def _attach(address: str | None):
+    """A client of the instance: ``address``, else the one a live ``run`` serves on.
+    The target is resolved before Ray is imported (it may set Ray's auth mode)."""
+    from controlplane.instance_record import resolve_target
+
+    target = resolve_target(address)
     from controlplane.instance import Client, connect
 
-    connect(args.address)
-    client = Client()
+    connect(target)
+    return Client()
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    cfg = load_deploy_config(args.config)
+    client = _attach(args.address)
     client.controller()  # a clear NoInstance before anything else
     result = client.deploy(cfg)
     print(f"accepted: generation {result['generation']}, "
@@ -208,19 +219,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from controlplane.instance import Client, connect
-
-    connect(args.address)
-    status = Client().status()
+    client = _attach(args.address)
+    status = client.status()
     print(json.dumps(status, indent=2) if args.json else render_table(status))
     return EXIT_OK
 
 
 def cmd_shutdown(args: argparse.Namespace) -> int:
-    from controlplane.instance import Client, connect
-
-    connect(args.address)
-    result = Client().shutdown()
+    client = _attach(args.address)
+    result = client.shutdown()
     print("shut down" + ("" if result["drained"] else " (some replicas did not drain in time)"))
     return EXIT_OK
 

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from controlplane.errors import NoInstance
-from controlplane.instance import _check_reachable, forget_instance, recorded_address
+from controlplane.instance_record import (check_reachable, forget_record, recorded_instance,
+                                          resolve_target)
 
 
 @pytest.fixture
@@ -22,12 +23,19 @@ def state_dir(tmp_path, monkeypatch):
 
 
 def write(state_dir, pid: int, address: str = "127.0.0.1:6379") -> None:
-    (state_dir / "instance.json").write_text(json.dumps({"address": address, "pid": pid}))
+    (state_dir / "instance.json").write_text(json.dumps({"address": address, "pid": pid,
+                                                         "auth_mode": "token"}))
+
+
+def recorded_address() -> str | None:
+    record = recorded_instance()
+    return None if record is None else record["address"]
 
 
 def test_the_address_of_a_live_run_is_used(state_dir):
     write(state_dir, os.getpid(), "127.0.0.5:6380")
-    assert recorded_address() == "127.0.0.5:6380"
+    assert recorded_instance() == {"address": "127.0.0.5:6380", "pid": os.getpid(),
+                                   "auth_mode": "token"}
 
 
 def test_a_record_left_by_a_run_that_is_gone_is_ignored(state_dir):
@@ -45,10 +53,10 @@ def test_no_record_or_a_garbled_one_means_none(state_dir):
 
 def test_a_run_removes_only_its_own_record(state_dir):
     write(state_dir, os.getpid() + 1)
-    forget_instance()
+    forget_record()
     assert (state_dir / "instance.json").exists()
     write(state_dir, os.getpid())
-    forget_instance()
+    forget_record()
     assert not (state_dir / "instance.json").exists()
 
 
@@ -57,11 +65,28 @@ def test_an_address_nobody_listens_on_is_refused_with_a_clear_error():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, never listening: connections are refused
         with pytest.raises(NoInstance, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
-            _check_reachable(f"127.0.0.1:{port}")
+            check_reachable(f"127.0.0.1:{port}")
 
 
 def test_a_listening_address_passes():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
-        _check_reachable(f"127.0.0.1:{sock.getsockname()[1]}")
+        check_reachable(f"127.0.0.1:{sock.getsockname()[1]}")
+
+
+def test_the_recorded_cluster_is_joined_with_its_auth_mode(state_dir, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "restored-after-the-test")
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        write(state_dir, os.getpid(), address)
+        assert resolve_target(None) == address
+        assert os.environ["RAY_AUTH_MODE"] == "token"
+        assert resolve_target(address) == address  # an explicit address wins
+
+
+def test_without_a_live_run_ray_chooses(state_dir):
+    assert resolve_target(None) == "auto"
