@@ -61,6 +61,7 @@ class Controller:
         """A restarted controller resumes on the first call that reaches it."""
         if not self._recovered and self._recovery is None:
             self._recovery = asyncio.get_running_loop().create_task(self.ready())
+            self._recovery.add_done_callback(_log_failed_recovery)
 
     async def ready(self) -> dict:
         """Resume from the checkpoint once (a restarted controller re-applies it)."""
@@ -209,6 +210,12 @@ class Controller:
             internal_kv._internal_kv_del(f"{self._settings.checkpoint_key}/restarts")
             self._shards, self._specs, self._config = [], {}, None
             return {"drained": all(d is True for d in drained)}
+
+
+def _log_failed_recovery(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("controller: resuming from the checkpoint failed; deploy again to "
+                     "recover", exc_info=task.exception())
 
 
 _SHARD_STATUS_S = 5.0  # a shard slower than this is restarting (or stuck): say so
