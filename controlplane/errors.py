@@ -6,6 +6,12 @@ Each passes all its fields to ``super().__init__`` so it pickles across actors.
 from __future__ import annotations
 
 
+def first_line(error: BaseException) -> str:
+    """An error in one line for logs and messages (Ray's carry whole tracebacks)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class DeployRejected(Exception):
     """The config is valid but cannot be applied to this instance (terminal)."""
 

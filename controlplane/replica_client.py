@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
+from controlplane.errors import first_line
 from controlplane.specs import DeploymentSpec
 from controlplane.wire import REPLICA_ACTOR_CLASS, ReplicaDescription, ReplicaInit
 
@@ -77,7 +78,7 @@ async def call_replica(ref: Any, timeout_s: float | None) -> Any:
     try:
         return await asyncio.wait_for(ref, timeout_s)
     except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
-        raise ReplicaDied(str(e).splitlines()[0] if str(e) else repr(e)) from None
+        raise ReplicaDied(first_line(e)) from None
     except asyncio.TimeoutError:
         raise ReplicaCallFailed(f"timed out after {timeout_s}s") from None
     except RayTaskError as e:  # the user's code raised: keep their traceback

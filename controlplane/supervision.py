@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 import ray
 from ray.exceptions import RayActorError
 
+from controlplane.errors import first_line
 from controlplane.routing.backoff import ErrorBackoff
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Supervisor:
                 await handle.wait_until_stopped.remote()
                 return  # asked to stop: nothing to recover
             except RayActorError as e:
-                reason = _first_line(e)
+                reason = first_line(e)
             record.alive = False
             record.restarts += 1
             record.last_restart_reason = reason
@@ -102,8 +103,3 @@ def restarted_by_ray() -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return ray.get_runtime_context().was_current_actor_reconstructed
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
-from controlplane.errors import BackpressureError, ReplicaUnavailableError
+from controlplane.errors import BackpressureError, ReplicaUnavailableError, first_line
 from controlplane.routing.asgi import rejection_headers, respond
 from controlplane.wire import HTTPRequestData, ReplicaInfo
 
@@ -73,7 +73,7 @@ class RayTransport:
 
     def _gone(self, replica: ReplicaInfo, error: BaseException) -> ReplicaUnavailableError:
         self._handles.pop(replica.actor_name, None)
-        return ReplicaUnavailableError(replica.replica_id, _first_line(error))
+        return ReplicaUnavailableError(replica.replica_id, first_line(error))
 
     async def send(self, replica: ReplicaInfo, request: tuple[str, tuple, dict]) -> Any:
         method, args, kwargs = request
@@ -130,19 +130,14 @@ class RayTransport:
             # pass a truncated response off as complete: abort the connection instead.
             if isinstance(e, _GONE):
                 self._handles.pop(replica.actor_name, None)
-            raise StreamAborted(replica.replica_id, _first_line(e)) from None
+            raise StreamAborted(replica.replica_id, first_line(e)) from None
         await send({"type": "http.response.body", "body": b""})
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def user_error_text(error: RayTaskError) -> str:
     """The user's exception as text (RayTaskError's str carries their traceback)."""
     cause = error.cause
-    return f"{type(cause).__name__}: {cause}" if cause is not None else _first_line(error)
+    return f"{type(cause).__name__}: {cause}" if cause is not None else first_line(error)
 
 
 async def _user_error(send: Any, error: RayTaskError) -> int:
