@@ -165,6 +165,7 @@ class Proxy:
             self._subscriber = RoutingSubscriber(self._settings, self._routers.update,
                                                  self._app.set_routes)
             self._subscriber.start()
+            self._app.metrics.routing.statistics = self._subscriber.statistics
             if restarted_by_ray():
                 await self._wait_routable(_RESTART_ROUTES_WAIT_S)
         if self._server is None:

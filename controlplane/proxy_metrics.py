@@ -36,6 +36,26 @@ class ControllerHealthCollector:
         yield gauge
 
 
+class RoutingCollector:
+    """This proxy's long-polls of the control plane (``RoutingSubscriber.statistics``):
+    failed calls, and the targets it cannot reach now (it keeps serving their last
+    routes and replica sets meanwhile)."""
+
+    def __init__(self) -> None:
+        self.statistics = None  # a callable returning SubscriberStatistics, once serving
+
+    def collect(self):
+        if self.statistics is None:
+            return
+        stats = self.statistics()
+        yield CounterMetricFamily("fleetplane_routing_long_poll_failures",
+                                  "failed long-poll calls to the controller and shards",
+                                  value=stats.failures_total)
+        yield GaugeMetricFamily("fleetplane_routing_unreachable_targets",
+                                "control actors this proxy cannot reach now",
+                                value=len(stats.unreachable))
+
+
 class ProxyMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -48,6 +68,8 @@ class ProxyMetrics:
                                           5, 10, 30, 60))
         self.controller_health = ControllerHealthCollector()
         self.registry.register(self.controller_health)
+        self.routing = RoutingCollector()
+        self.registry.register(self.routing)
         self.rejections = Counter("fleetplane_backpressure_rejections",
                                   "Requests rejected by backpressure",
                                   ["deployment", "status_code"], registry=self.registry)
