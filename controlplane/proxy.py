@@ -151,6 +151,7 @@ class Proxy:
         self._routers = RouterSet(self._settings.namespace, SystemClock(),
                                   settings=self._settings.router)
         self._app = ProxyApp(self._routers, ProxyMetrics(), self._controller_health)
+        self._app.metrics.routers.statistics = self._routers.statistics
         self._server: uvicorn.Server | None = None
         self._subscriber: RoutingSubscriber | None = None
         self._stopped = asyncio.Event()

@@ -56,6 +56,36 @@ class RoutingCollector:
                                 value=len(stats.unreachable))
 
 
+_ROUTER_GAUGES = (("replicas", "num_replicas", "RUNNING replicas the router places on"),
+                  ("queued", "queued", "requests waiting in the router for a slot"),
+                  ("in_flight", "in_flight", "the router's requests running on replicas"),
+                  ("unreachable_replicas", "unreachable_replicas",
+                   "replicas a call found unreachable, until a probe answers"))
+_ROUTER_COUNTERS = (("assigned", "assigned_total", "requests placed on a replica"),
+                    ("probe_failures", "probe_failures_total", "queue-length probes that failed"),
+                    ("tickets", "tickets_total", "requests queued at a full replica by the "
+                     "starvation guard"))
+
+
+class RouterCollector:
+    """This proxy's routers, one per deployment (``RouterSet.statistics``)."""
+
+    def __init__(self) -> None:
+        self.statistics = None  # a callable returning [RouterStatistics], once serving
+
+    def collect(self):
+        if self.statistics is None:
+            return
+        stats = self.statistics()
+        for kinds, family in ((_ROUTER_GAUGES, GaugeMetricFamily),
+                              (_ROUTER_COUNTERS, CounterMetricFamily)):
+            for name, field, help_text in kinds:
+                metric = family(f"fleetplane_router_{name}", help_text, labels=["deployment"])
+                for s in stats:
+                    metric.add_metric([s.deployment], getattr(s, field))
+                yield metric
+
+
 class ProxyMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -70,6 +100,8 @@ class ProxyMetrics:
         self.registry.register(self.controller_health)
         self.routing = RoutingCollector()
         self.registry.register(self.routing)
+        self.routers = RouterCollector()
+        self.registry.register(self.routers)
         self.rejections = Counter("fleetplane_backpressure_rejections",
                                   "Requests rejected by backpressure",
                                   ["deployment", "status_code"], registry=self.registry)

@@ -13,7 +13,7 @@ from typing import Any
 from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
 from controlplane.routing.asgi import rejection_headers, respond
-from controlplane.routing.router import Router
+from controlplane.routing.router import Router, RouterStatistics
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import RayTransport, ReplicaTransport
 from controlplane.settings import RouterSettings
@@ -42,6 +42,10 @@ class RouterSet:
             router = self._routers[key] = Router(config, self.transport, self._clock, self._rng,
                                                  self._settings)
         router.apply_routing_update(update)
+
+    def statistics(self) -> list[RouterStatistics]:
+        """One snapshot per deployment router (for the proxy's /metrics)."""
+        return [router.statistics() for router in self._routers.values()]
 
     def routable(self, key: str) -> bool:
         """The deployment has a router with a running replica to place on."""

@@ -115,6 +115,7 @@ def test_healthz_and_metrics(http_apps):
     assert "fleetplane_health_pull_probes_total" in metrics
     assert 'fleetplane_health_self_check_interval_seconds{quantile="p50"}' in metrics
     assert "fleetplane_routing_long_poll_failures_total" in metrics
+    assert 'fleetplane_router_assigned_total{deployment="web/HttpModel"}' in metrics
 
 
 def test_no_running_replicas_is_an_immediate_503(http_apps):
