@@ -17,6 +17,7 @@ often it was restarted and why, for ``status``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import warnings
 from dataclasses import dataclass
@@ -84,17 +85,15 @@ class Supervisor:
             logger.warning("%s restarted and recovered", name)
 
     async def _recover(self, name: str, recover: Recover) -> None:
-        backoff = _RECOVER_BACKOFF
-        while True:
+        for failures in itertools.count(1):
             try:
                 await recover()
                 return
             except Exception as e:  # restarting still, or its recovery failed: retry
-                backoff = backoff.with_failure(0.0, f"{type(e).__name__}: {e}")
-                if backoff.failures in (1, 10, 100):
-                    logger.warning("%s: recovery failed %d time(s): %s", name,
-                                   backoff.failures, backoff.last_error)
-                await asyncio.sleep(backoff.retry_at)
+                if failures in (1, 10, 100):
+                    logger.warning("%s: recovery failed %d time(s): %s: %s", name, failures,
+                                   type(e).__name__, first_line(e))
+                await asyncio.sleep(_RECOVER_BACKOFF.delay_s(failures))
 
 
 def restarted_by_ray() -> bool:

@@ -13,7 +13,7 @@ import sys
 import time
 
 from controlplane.config import load_deploy_config
-from controlplane.errors import ConfigError
+from controlplane.errors import BuildError, ConfigError, DeployRejected, NoInstance
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from fleetplane.progress import progress_lines, render_table, total_replicas
 
@@ -53,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}\nnothing was changed.", file=sys.stderr)
         return EXIT_BAD_CONFIG
     except Exception as e:  # outermost: one clear line, not a Ray stack
-        from controlplane.errors import BuildError, DeployRejected, NoInstance
         if isinstance(e, (NoInstance, DeployRejected, BuildError, TimeoutError)):
             print(f"error: {e}", file=sys.stderr)
             return EXIT_FAILED
@@ -149,8 +148,6 @@ class _Supervision:
         self._seen: dict[str, tuple[int, bool]] = {}
 
     def status(self, client) -> dict | None:
-        from controlplane.errors import NoInstance
-
         try:
             status = client.status()
         except Exception as e:  # NoInstance when restarting; anything else: say it, go on
@@ -179,8 +176,6 @@ class _Supervision:
 
 def _stop(client, start: float, embedded: bool) -> None:
     import ray
-
-    from controlplane.errors import NoInstance
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the drain finish
     try:
