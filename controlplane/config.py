@@ -83,6 +83,9 @@ class HTTPOptions(BaseModel):
 
     host: str = Field("127.0.0.1", min_length=1, description="Address the HTTP proxy binds to.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port the HTTP proxy listens on.")
+    proxies_per_node: int = Field(
+        2, ge=1, le=8, description="Proxy actors sharing the port on each node (SO_REUSEPORT): "
+        "while one restarts, the others keep serving.")
 
 
 class ControllerOptions(BaseModel):

@@ -1,4 +1,6 @@
-"""The HTTP proxy actor: one per node, serving ``http_options`` with uvicorn.
+"""The HTTP proxy actor: ``http_options.proxies_per_node`` per node, sharing the port
+(SO_REUSEPORT: the kernel spreads new connections over the live listeners, so while Ray
+restarts a killed one the others take every new connection), serving with uvicorn.
 
 Requests are matched to an application's ingress deployment by longest route prefix and
 handed to that deployment's ``Router`` (power of two choices, backpressure). Routes and
@@ -23,6 +25,7 @@ import ray
 import uvicorn
 
 from controlplane.clock import SystemClock
+from controlplane.proxy_fleet import proxy_actor_name
 from controlplane.proxy_metrics import ProxyMetrics
 from controlplane.routing.asgi import respond
 from controlplane.routing.route_table import RouteTable
@@ -77,10 +80,13 @@ class ProxyApp:
     """The ASGI application; separate from the actor so it can be served in tests."""
 
     def __init__(self, routers: RouterSet, metrics: ProxyMetrics,
-                 fetch_health: Any = None) -> None:
+                 fetch_health: Any = None, fetch_siblings: Any = None,
+                 listener: str = "0") -> None:
         self.routers = routers
         self.metrics = metrics
         self._fetch_health = fetch_health  # async () -> controller.health, or None
+        self._fetch_siblings = fetch_siblings  # async () -> {listener: own_text}, or None
+        self._listener = listener
         self.table = RouteTable()
         self.has_routes = False
 
@@ -98,16 +104,22 @@ class ProxyApp:
         elif path == "/-/routes":
             await respond(send, 200, json.dumps(self.table.routes), content_type=b"application/json")
         elif path == "/metrics":
-            if self._fetch_health is not None:
-                try:  # one small RPC per scrape, never per request
-                    self.metrics.controller_health.snapshot = await asyncio.wait_for(
-                        self._fetch_health(), 2.0)
-                except Exception as e:  # keep the last figures; the rest still renders
-                    logger.info("controller health for /metrics unavailable: %r", e)
-            body, kind = self.metrics.render()
-            await respond(send, 200, body, content_type=kind.encode())
+            await self._metrics(send)
         else:
             await self._forward(scope, receive, send)
+
+    async def _metrics(self, send: Any) -> None:
+        """A few small RPCs per scrape, never per request: the controller's health and the
+        node's other listeners' samples (a listener that does not answer is left out)."""
+        if self._fetch_health is not None:
+            try:
+                self.metrics.controller_health.snapshot = await asyncio.wait_for(
+                    self._fetch_health(), 2.0)
+            except Exception as e:  # keep the last figures; the rest still renders
+                logger.info("controller health for /metrics unavailable: %r", e)
+        siblings = await self._fetch_siblings() if self._fetch_siblings is not None else {}
+        body, kind = self.metrics.render(self._listener, siblings)
+        await respond(send, 200, body, content_type=kind.encode())
 
     async def _forward(self, scope: dict, receive: Any, send: Any) -> None:
         started = time.perf_counter()
@@ -142,15 +154,50 @@ class ProxyApp:
             self.metrics.reject(dep_key, status, rejected.retry_after_s)
 
 
-class Proxy:
-    """The Ray actor: binds the socket, runs uvicorn in the actor's event loop."""
+def listen_socket(host: str, port: int, *, exclusive: bool) -> socket.socket:
+    """A socket bound to host:port that the node's other listeners can share
+    (SO_REUSEPORT). ``exclusive``: first check that nobody holds the port, not even
+    another instance's proxies (which would share it silently)."""
+    if exclusive:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            _bind(probe, host, port)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        _bind(sock, host, port)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
-    def __init__(self, settings: dict, http_options: dict) -> None:
+
+def _bind(sock: socket.socket, host: str, port: int) -> None:
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        raise RuntimeError(f"cannot listen on {host}:{port}: {e.strerror}; free the port or "
+                           f"set http_options.port") from None
+
+
+class Proxy:
+    """The Ray actor: binds the socket, runs uvicorn in the actor's event loop.
+
+    ``index`` of ``listeners`` on its node; ``exclusive`` (the first listener of a new
+    node) checks that the port is free before sharing it."""
+
+    def __init__(self, settings: dict, http_options: dict, index: int = 0,
+                 listeners: int = 1, exclusive: bool = True) -> None:
         self._settings = Settings.from_dict(settings)
         self._http = http_options
+        self._index, self._listeners = index, listeners
+        self._exclusive = exclusive and not restarted_by_ray()  # its siblings hold the port
+        self._siblings: dict[int, Any] = {}
         self._routers = RouterSet(self._settings.namespace, SystemClock(),
                                   settings=self._settings.router)
-        self._app = ProxyApp(self._routers, ProxyMetrics(), self._controller_health)
+        self._app = ProxyApp(self._routers, ProxyMetrics(), self._controller_health,
+                             self._sibling_metrics, str(index))
         self._app.metrics.routers.statistics = self._routers.statistics
         self._server: uvicorn.Server | None = None
         self._subscriber: RoutingSubscriber | None = None
@@ -161,6 +208,26 @@ class Proxy:
         controller = ray.get_actor(s.controller_name, namespace=s.namespace)
         return await controller.health.remote()
 
+    async def _sibling_metrics(self) -> dict[str, str]:
+        node_id = ray.get_runtime_context().get_node_id()
+        calls = {}
+        for i in range(self._listeners):
+            if i == self._index:
+                continue
+            try:
+                handle = self._siblings.get(i) or ray.get_actor(
+                    proxy_actor_name(node_id, i), namespace=self._settings.namespace)
+            except ValueError:  # not created yet, or being shut down
+                continue
+            self._siblings[i] = handle
+            calls[str(i)] = asyncio.wait_for(handle.metrics_text.remote(), 1.0)
+        texts = await asyncio.gather(*calls.values(), return_exceptions=True)
+        return {i: t for i, t in zip(calls, texts) if isinstance(t, str)}
+
+    async def metrics_text(self) -> str:
+        """This listener's own samples, for a sibling's /metrics."""
+        return self._app.metrics.own_text()
+
     async def ready(self) -> str:
         if self._subscriber is None:
             self._subscriber = RoutingSubscriber(self._settings, self._routers.update,
@@ -170,14 +237,8 @@ class Proxy:
             if restarted_by_ray():
                 await self._wait_routable(_RESTART_ROUTES_WAIT_S)
         if self._server is None:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((self._http["host"], self._http["port"]))
-            except OSError as e:
-                sock.close()
-                raise RuntimeError(f"cannot listen on {self._http['host']}:{self._http['port']}: "
-                                   f"{e.strerror}; free the port or set http_options.port") from None
+            sock = listen_socket(self._http["host"], self._http["port"],
+                                 exclusive=self._exclusive)
             config = uvicorn.Config(self._app, log_level="warning", lifespan="off",
                                     access_log=False, timeout_keep_alive=30)
             self._server = uvicorn.Server(config)

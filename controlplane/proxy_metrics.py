@@ -1,12 +1,21 @@
-"""The proxy's Prometheus metrics (served on /metrics), per deployment."""
+"""The proxy's Prometheus metrics (served on /metrics), per deployment.
+
+A node runs several proxies on one port (``http_options.proxies_per_node``), and a scrape
+reaches one of them at random; so each answers for all: its own samples and its siblings'
+(``ProxyMetrics.own_text``, fetched over Ray), merged into one family per metric with a
+``proxy`` label naming the listener, and the controller's figures once.
+"""
 
 from __future__ import annotations
 
 import math
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+LISTENER_LABEL = "proxy"
 
 # ``controller.health``'s counters, each ``fleetplane_health_<name>``; tick_errors counts
 # deployment ticks that raised in a shard (the controller's own health, not a replica's).
@@ -96,8 +105,9 @@ class ProxyMetrics:
                                  registry=self.registry,
                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5,
                                           5, 10, 30, 60))
-        self.controller_health = ControllerHealthCollector()
-        self.registry.register(self.controller_health)
+        self.controller_health = ControllerHealthCollector()  # the same on every listener
+        self._shared = CollectorRegistry()
+        self._shared.register(self.controller_health)
         self.routing = RoutingCollector()
         self.registry.register(self.routing)
         self.routers = RouterCollector()
@@ -120,5 +130,37 @@ class ProxyMetrics:
         self.requests.labels(deployment, route, str(status)).inc()
         self.latency.labels(deployment, route).observe(seconds)
 
-    def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+    def own_text(self) -> str:
+        """This listener's samples alone (what a sibling asks for)."""
+        return generate_latest(self.registry).decode()
+
+    def render(self, listener: str = "0", siblings: dict[str, str] | None = None
+               ) -> tuple[bytes, str]:
+        """The node's exposition: this listener's samples and ``siblings``' (listener ->
+        ``own_text``), each labelled with its listener, then the controller's figures."""
+        merged = merge_listeners({listener: self.own_text(), **(siblings or {})})
+        return merged + generate_latest(self._shared), CONTENT_TYPE_LATEST
+
+
+class _Families:
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self):
+        return iter(self._families)
+
+
+def merge_listeners(texts: dict[str, str]) -> bytes:
+    """One exposition from several listeners' (listener -> Prometheus text): one family
+    per metric name, every sample labelled ``proxy=<listener>``."""
+    families: dict[str, Metric] = {}
+    for listener, text in sorted(texts.items()):
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(family.name, Metric(
+                family.name, family.documentation, family.type, family.unit))
+            merged.samples.extend(
+                sample._replace(labels={**sample.labels, LISTENER_LABEL: listener})
+                for sample in family.samples)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)

@@ -114,8 +114,11 @@ def test_healthz_and_metrics(http_apps):
     assert "fleetplane_health_pushes_total" in metrics
     assert "fleetplane_health_pull_probes_total" in metrics
     assert 'fleetplane_health_self_check_interval_seconds{quantile="p50"}' in metrics
-    assert "fleetplane_routing_long_poll_failures_total" in metrics
-    assert 'fleetplane_router_assigned_total{deployment="web/HttpModel"}' in metrics
+    # Either listener answers for both (http_options.proxies_per_node: 2).
+    for listener in ("0", "1"):
+        assert f'fleetplane_routing_long_poll_failures_total{{proxy="{listener}"}}' in metrics
+        assert (f'fleetplane_router_replicas{{deployment="web/HttpModel",proxy="{listener}"}}'
+                in metrics)
 
 
 def test_no_running_replicas_is_an_immediate_503(http_apps):

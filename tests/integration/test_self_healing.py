@@ -1,9 +1,9 @@
 """Control actors killed (SIGKILL) under steady HTTP load: the control plane heals itself.
 
 Runs on a fleetplane instance of its own (``own_fleet``), since it kills its controller,
-shards and proxy. For each kill: no request fails (the proxy's own death aside: its
-connections are refused until Ray restarts it, and no answer it gives is an error), no
-replica is restarted (same pids), ``status`` answers again with every control actor
+shards and proxy. For each kill: no request fails (a killed proxy's own
+in-flight requests aside: the node's other proxy on the same port takes every new
+connection while Ray restarts it), no replica is restarted (same pids), ``status`` answers again with every control actor
 alive, and reconcile still acts afterwards (a deploy scales, a killed replica is
 replaced).
 """
@@ -34,8 +34,8 @@ def heal_app(n: int = N) -> dict:
 
 
 class Load:
-    """GETs at ~20/s from one thread; (time, outcome) per request: the status code, or
-    the exception's name when no answer came (connection refused...)."""
+    """GETs at ~20/s from one thread; (sent, answered, outcome) per request: the status
+    code, or the exception's name when no answer came (connection refused...)."""
 
     def __init__(self, url: str) -> None:
         self.url, self.results = url, []
@@ -53,15 +53,16 @@ class Load:
     def _run(self) -> None:
         session = requests.Session()
         while not self._stop.is_set():
+            sent = time.monotonic()
             try:
                 outcome = session.get(self.url, timeout=10).status_code
             except requests.RequestException as e:
                 outcome = type(e).__name__
-            self.results.append((time.monotonic(), outcome))
+            self.results.append((sent, time.monotonic(), outcome))
             time.sleep(0.05)
 
     def outcomes(self) -> list:
-        return [outcome for _, outcome in self.results]
+        return [outcome for _, _, outcome in self.results]
 
 
 @pytest.fixture(scope="module")
@@ -142,20 +143,24 @@ def test_reconcile_acts_after_the_shards_were_restarted(heal):
     wait_for(heal, settled(APP, N), what="scaled back")
 
 
-def test_a_killed_proxy_is_restarted_and_never_answers_with_an_error(heal):
+@pytest.mark.parametrize("listener", ["0", "1"])
+def test_a_killed_proxy_costs_only_its_in_flight_requests(heal, listener):
+    """The node's other listener keeps the port: no connection is refused and nothing is
+    answered with an error while Ray restarts the killed one. A request the killed
+    process was holding at that instant is lost with it (a client would retry it)."""
     pids = replica_pids(heal)
-    [proxy] = [name for name in _named_actors() if name.startswith("fleetplane_proxy::")]
+    [proxy] = [name for name in _named_actors()
+               if name.startswith("fleetplane_proxy::") and name.endswith(f"::{listener}")]
+    node = proxy.split("::")[1]
     with Load(url(heal)) as load:
         time.sleep(0.5)
+        killed_at = time.monotonic()
         kill(proxy)
-        healed(heal, restarted=f"proxy_{proxy.rpartition('::')[2][:12]}")
-        back_at = time.monotonic()
-        wait_for(heal, lambda s: any(t > back_at and o == 200 for t, o in load.results),
-                 what="a request answered by the restarted proxy")
+        healed(heal, restarted=f"proxy_{node[:12]}_{listener}")
         time.sleep(1.0)
-    answers = [o for o in load.outcomes() if isinstance(o, int)]
-    assert set(answers) == {200}, load.outcomes()  # refused while down, never a 5xx
-    assert load.outcomes()[-1] == 200
+    failed = [(sent, answered, o) for sent, answered, o in load.results if o != 200]
+    assert all(sent <= killed_at <= answered for sent, answered, _ in failed), failed
+    assert len(failed) <= 1 and len(load.results) > 20, load.outcomes()
     assert replica_pids(heal) == pids
 
 

@@ -14,7 +14,6 @@ import logging
 import math
 from dataclasses import dataclass
 
-from prometheus_client import generate_latest
 
 from controlplane.clock import FakeClock
 from controlplane.config import AutoscalingConfig
@@ -177,4 +176,4 @@ def test_tick_errors_are_summed_across_shards_and_exported():
     assert status["controller"]["health"]["tick_errors_total"] == 6
     metrics = ProxyMetrics()
     metrics.controller_health.snapshot = merge_all([shard["health"], other["health"]]).as_json()
-    assert b"fleetplane_health_tick_errors_total 6.0" in generate_latest(metrics.registry)
+    assert b"fleetplane_health_tick_errors_total 6.0" in metrics.render()[0]

@@ -1,0 +1,48 @@
+"""The node's proxies share one port (SO_REUSEPORT); the first checks it is free, so
+another instance's proxies are never joined silently. Real sockets on loopback."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from controlplane.proxy import listen_socket
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_listeners_share_the_port_and_the_survivor_takes_every_new_connection():
+    port = free_port()
+    first = listen_socket("127.0.0.1", port, exclusive=True)
+    second = listen_socket("127.0.0.1", port, exclusive=False)
+    first.listen(16), second.listen(16)
+    first.close()  # the first listener dies
+    for _ in range(8):
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            conn, _ = second.accept()
+            conn.close()
+    second.close()
+
+
+def test_an_exclusive_listener_refuses_a_port_that_another_instance_shares():
+    port = free_port()
+    other_instance = listen_socket("127.0.0.1", port, exclusive=True)
+    other_instance.listen(16)
+    with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port}.*"
+                                           "http_options.port"):
+        listen_socket("127.0.0.1", port, exclusive=True)
+    other_instance.close()
+
+
+def test_a_port_held_by_an_ordinary_server_is_refused_even_when_sharing():
+    port = free_port()
+    with socket.socket() as plain:
+        plain.bind(("127.0.0.1", port))
+        plain.listen(1)
+        with pytest.raises(RuntimeError, match="cannot listen"):
+            listen_socket("127.0.0.1", port, exclusive=False)
