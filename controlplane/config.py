@@ -92,6 +92,9 @@ class ControllerOptions(BaseModel):
     model_config = _MODEL_CONFIG
 
     num_shards: int = Field(2, ge=1, le=64, description="Shards the deployments are split over.")
+    build_timeout_s: float = Field(
+        120.0, ge=1, le=3600, allow_inf_nan=False,
+        description="Deadline for importing and building the applications of one deploy.")
 
 
 class BackpressureConfig(BaseModel):

@@ -16,17 +16,19 @@ and re-adopts its replicas; a restarted proxy is told to serve again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import time
 from typing import Any
 
 import ray
 import ray.cloudpickle as cloudpickle
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError
 from ray.experimental import internal_kv
 
 from controlplane.config import config_to_dict, parse_deploy_config
-from controlplane.errors import BuildError, DeployRejected
+from controlplane.builds import build_all
+from controlplane.capacity import node_resources, shortfall
+from controlplane.errors import DeployRejected
 from controlplane.health.health_stats import merge_all
 from controlplane.long_poll import LongPollHost
 from controlplane.proxy_fleet import ProxyFleet
@@ -35,7 +37,6 @@ from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of
 from controlplane.status import assemble_status
 from controlplane.supervision import Supervisor, restarted_by_ray
-from controlplane.user_code import build_applications
 from controlplane.wire import ROUTES_KEY, RoutesUpdate
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Controller:
         self._supervisor = Supervisor()
         self._proxies = ProxyFleet(self._settings, self._supervisor)
         self._recovery: asyncio.Task | None = None
+        self._deploying: tuple[str, float] | None = None  # (applications, since)
         self._restarts = _count_restart(self._settings.checkpoint_key)
 
     def _kick_recovery(self) -> None:
@@ -64,7 +66,10 @@ class Controller:
             self._recovery.add_done_callback(_log_failed_recovery)
 
     async def ready(self) -> dict:
-        """Resume from the checkpoint once (a restarted controller re-applies it)."""
+        """Resume from the checkpoint once (a restarted controller re-applies it). Never
+        waits for a deploy in progress once resumed: ``status`` answers throughout."""
+        if self._recovered:
+            return {"generation": self._generation, "num_shards": len(self._shards)}
         async with self._lock:
             if not self._recovered:
                 self._recovered = True
@@ -89,8 +94,21 @@ class Controller:
                 f"(running: {len(self._shards)}, requested: {num_shards}); keep "
                 f"{len(self._shards)} or run `fleetplane shutdown` first")
         normalized = config_to_dict(cfg)
-        specs = await self._build_all(normalized["applications"])  # raises: nothing changed
-        return await self._commit(normalized, specs, checkpoint=True)
+        timeout_s = normalized["controller_options"]["build_timeout_s"]
+        self._deploying = (", ".join(a["name"] for a in normalized["applications"]),
+                           time.monotonic())
+        try:  # raises: nothing changed
+            specs = await build_all(normalized["applications"], timeout_s)
+            return await self._commit(normalized, specs, checkpoint=True)
+        finally:
+            self._deploying = None
+
+    def deploy_in_progress(self) -> str:
+        """What the deploy that holds the lock is doing, or "" (a later deploy waits)."""
+        if self._deploying is None:
+            return ""
+        apps, since = self._deploying
+        return f"a deploy of {apps} started {time.monotonic() - since:.0f}s ago"
 
     async def _commit(self, normalized: dict, specs: list[DeploymentSpec],
                       checkpoint: bool = False) -> dict:
@@ -111,29 +129,18 @@ class Controller:
             routes={s.route_prefix: str(s.id) for s in specs
                     if s.ingress and s.route_prefix is not None}))
         return {"generation": self._generation, "deployments": [str(s) for s in self._specs],
-                "num_shards": num_shards, "http": self._proxies.addresses()}
+                "num_shards": num_shards, "http": self._proxies.addresses(),
+                "warnings": self._placement_warnings()}
 
-    async def _build_all(self, apps: list[dict]) -> list[DeploymentSpec]:
-        """One fresh worker per distinct runtime_env builds all of its applications."""
-        groups: dict[str, list[dict]] = {}
-        for app in apps:
-            groups.setdefault(json.dumps(app.get("runtime_env") or {}, sort_keys=True),
-                              []).append(app)
-        batches = list(groups.values())
-        replies = await asyncio.gather(*(_build_task(b[0]).remote(b) for b in batches),
-                                       return_exceptions=True)
-        results: dict[str, Any] = {}
-        for batch, reply in zip(batches, replies):
-            for app, result in zip(batch, reply if isinstance(reply, list) else
-                                   [reply] * len(batch)):
-                results[app["name"]] = result
-        results = [results[app["name"]] for app in apps]
-        errors = [_build_error(app, r) for app, r in zip(apps, results)
-                  if isinstance(r, BaseException)]
-        if errors:
-            raise BuildError(", ".join(e.app for e in errors),
-                             "\n".join(f"[{e.app}] {e.message}" for e in errors))
-        return [spec for app_specs in results for spec in app_specs]
+    def _placement_warnings(self) -> list[str]:
+        """Deployments that ask for more than the alive nodes could ever hold (accepted:
+        nodes may join), logged and returned to the deploy."""
+        nodes = node_resources(ray.nodes())
+        warnings = [f"{spec.id}: {text}" for spec in self._specs.values()
+                    if (text := shortfall(spec.num_replicas, spec.ray_actor_options, nodes))]
+        for warning in warnings:
+            logger.warning("deploy accepted, but %s", warning)
+        return warnings
 
     def _ensure_shards(self, num_shards: int) -> None:
         if self._shards:
@@ -189,6 +196,7 @@ class Controller:
         shard_status = [a if not isinstance(a, BaseException) else _restarting_shard(i, a)
                         for i, a in enumerate(answers)]
         status = assemble_status(self._config, shard_status, self._generation)
+        self._explain_placement(status)
         status["controller"]["proxies"] = self._proxies.addresses()
         status["controller"]["actors"] = {
             "controller": {"alive": True, "restarts": self._restarts,
@@ -196,6 +204,18 @@ class Controller:
                            if self._restarts else ""},
             **self._supervisor.statistics()}
         return status
+
+    def _explain_placement(self, status: dict) -> None:
+        """A deployment short of room says so (``placement``, and its message if it has
+        none): one ``ray.nodes()`` per status call."""
+        nodes = node_resources(ray.nodes())
+        for app, a in status["applications"].items():
+            for name, dep in a["deployments"].items():
+                spec = self._specs.get(DeploymentId(app, name))
+                text = spec and shortfall(dep["target_replicas"], spec.ray_actor_options, nodes)
+                if text:
+                    dep["placement"] = text
+                    dep["message"] = dep["message"] or text
 
     async def shutdown(self, timeout_s: float = 60.0) -> dict:
         """Drain and stop every replica and shard, and forget the checkpoint."""
@@ -236,20 +256,3 @@ def _count_restart(checkpoint_key: str) -> int:
         restarts += 1
         internal_kv._internal_kv_put(key, str(restarts).encode(), overwrite=True)
     return restarts
-
-
-# max_calls=1: a fresh worker per build, so a re-deploy imports the user's edited code.
-_remote_build = ray.remote(num_cpus=0, max_calls=1)(build_applications)
-
-
-def _build_task(app: dict) -> Any:
-    if app.get("runtime_env"):
-        return _remote_build.options(runtime_env=app["runtime_env"])
-    return _remote_build
-
-
-def _build_error(app: dict, error: BaseException) -> BuildError:
-    cause = error.cause if isinstance(error, RayTaskError) else error
-    if isinstance(cause, BuildError):
-        return cause
-    return BuildError(app["name"], f"{type(cause).__name__}: {cause}")

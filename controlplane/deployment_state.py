@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
 from controlplane.config import AutoscalingConfig
+from controlplane.config_rollout import ConfigRollout
 from controlplane.health.health_gate import ProbeOutcome
 from controlplane.health.health_stats import HealthTotals
 from controlplane.health.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
@@ -64,6 +65,7 @@ class DeploymentState:
         self.rank_gate = RankConsistencyGate(retry_after_error_s=settings.rank_error_retry_s)
         self._handles: dict[str, Any] = {}  # replica id -> the client's actor handle
         self._config_versions: dict[str, str] = {}  # replica id -> user_config version
+        self.config = ConfigRollout((spec.user_config, spec.user_config_version))
         self.health_totals = totals if totals is not None else HealthTotals()
         period = spec.health_check_period_s
         self.health = DeploymentHealth(
@@ -96,6 +98,8 @@ class DeploymentState:
         timings = (spec.health_check_period_s, spec.health_check_timeout_s)
         timings_changed = timings != (self.spec.health_check_period_s,
                                       self.spec.health_check_timeout_s)
+        self.config = self.config.retarget((spec.user_config, spec.user_config_version),
+                                           code_changed)
         self.spec = spec
         self.health.set_period(spec.health_check_period_s)
         if timings_changed:  # O(N) on this redeploy only; self-checks run on the replicas
@@ -154,7 +158,7 @@ class DeploymentState:
         surge = max(1, int(self.settings.rolling_surge_fraction * self.target_replicas))
         return DeploymentSnapshot(
             target_replicas=self.target_replicas, target_version=self.spec.code_version,
-            target_config_version=self.spec.user_config_version, replicas=views,
+            target_config_version=self.config.serving[1], replicas=views,
             deleting=self.deleting, surge=surge,
             starts_blocked=self.backoff.blocked(now))
 
@@ -269,7 +273,7 @@ class DeploymentState:
         self.replicas.add(ReplicaRecord(
             replica_id=replica_id, state=ReplicaState.STARTING, version=self.spec.code_version,
             rank=self.ranks.rank_of(replica_id), started_at=now, actor_name=actor_name))
-        self._config_versions[replica_id] = self.spec.user_config_version
+        self._config_versions[replica_id] = self.config.serving[1]
         self._handles[replica_id] = handle
 
     def replica_adopted(self, found: ReplicaDescription, handle: Any, actor_name: str,
@@ -286,7 +290,9 @@ class DeploymentState:
             version=found.code_version, rank=self.ranks.adopt(found.replica_id, found.rank),
             started_at=now, actor_name=actor_name, actor_id=found.actor_id,
             node_id=found.node_id))
-        self._config_versions[found.replica_id] = stable_hash(found.user_config)
+        config = (found.user_config, stable_hash(found.user_config))
+        self._config_versions[found.replica_id] = config[1]
+        self.config = self.config.with_adopted(config)
         self._handles[found.replica_id] = handle
         self.health.watch(found.replica_id, now)
         if not found.healthy:
@@ -335,12 +341,24 @@ class DeploymentState:
         if self.transition(replica_id, ReplicaEvent.RECONFIGURED, expect=ReplicaState.UPDATING):
             self._config_versions[replica_id] = version
 
-    def reconfigure_failed(self, replica_id: str, message: str) -> None:
-        """The user's reconfigure raised (or timed out): replace the replica."""
-        record = self.replicas.get(replica_id)
-        if record is not None and record.state == ReplicaState.UPDATING:
+    def reconfigure_failed(self, replica_id: str, version: str, message: str) -> None:
+        """The user's reconfigure to ``version`` raised (or timed out). The rollout stops
+        and the replica keeps serving, told the fallback config again (``ConfigRollout``);
+        only when the fallback itself failed is it replaced."""
+        if self.transition(replica_id, ReplicaEvent.RECONFIGURE_FAILED,
+                           expect=ReplicaState.UPDATING) is None:
+            return
+        error = f"reconfigure() of replica {replica_id} raised; the rollout of the new " \
+                f"user_config stopped and the previous config keeps serving:\n{message}"
+        self.config, restore = self.config.with_failure(version, error)
+        if restore:
+            logger.error("%s: %s", self.spec.id, error)
+            self._config_versions[replica_id] = ""  # unknown now: plan re-sends the fallback
+        else:
+            logger.error("%s: replica %s could not take the serving config back; replacing "
+                         "it:\n%s", self.spec.id, replica_id, message)
             self.backoff = self.backoff.with_error(f"reconfigure of {replica_id} failed:\n{message}")
-            self.ops.stop(replica_id, "reconfigure failed", event=ReplicaEvent.RECONFIGURE_FAILED)
+            self.ops.stop(replica_id, "reconfigure failed")
 
     def replica_died(self, replica_id: str, message: str) -> bool:
         """A serving replica's actor is gone: replace it now. False when it was stopping
@@ -378,8 +396,10 @@ class DeploymentState:
     # ---- status ---------------------------------------------------------------------------
     def status(self, now: float) -> dict:
         snap = self.snapshot(now)
-        status = deployment_status(snap, self.backoff.deploy_failed, self.health.unhealthy)
-        message = self.backoff.last_error if status in ("DEPLOY_FAILED", "UPDATING") else ""
+        failed = self.backoff.deploy_failed or bool(self.config.failed)
+        status = deployment_status(snap, failed, self.health.unhealthy)
+        message = self.config.failed or (
+            self.backoff.last_error if status in ("DEPLOY_FAILED", "UPDATING") else "")
         if self.adopting:
             status, message = "UPDATING", "re-adopting the running replicas (shard restarted)"
         return {
@@ -389,7 +409,7 @@ class DeploymentState:
             "version": self.spec.code_version,
             "autoscaling": self._policy is not None,
             "push_health": self._push_health_status(),
-            "replicas": [self._replica_status(r) for r in sorted(
+            "replicas": [self._replica_status(r, now) for r in sorted(
                 self.replicas.records(), key=lambda r: (r.rank is None, r.rank, r.replica_id))],
         }
 
@@ -398,11 +418,16 @@ class DeploymentState:
         return {"tracked": self.health.registry.tracked, "stall_state": stall.state.value,
                 "stall_held": stall.held}
 
-    def _replica_status(self, r: ReplicaRecord) -> dict:
+    def _replica_status(self, r: ReplicaRecord, now: float) -> dict:
         healthy = r.state in SERVING_STATES and self.health.failures(r.replica_id) == 0
+        message = r.message
+        if r.state == ReplicaState.STARTING and not message:
+            message = (f"starting for {now - r.started_at:.0f}s (placement, constructor, "
+                       f"first health check; gives up after "
+                       f"{self.settings.replica_start_timeout_s:g}s and retries)")
         return {"replica_id": r.replica_id, "state": r.state.value, "rank": r.rank,
                 "healthy": healthy, "node_id": r.node_id, "actor_name": r.actor_name,
-                "version": r.version, "message": r.message}
+                "version": r.version, "message": message}
 
 
 def _seq_of(replica_id: str) -> int:

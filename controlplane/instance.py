@@ -88,6 +88,12 @@ class Client:
         controller = self.controller()
         return _unwrap(lambda: ray.get(controller.deploy.remote(config_to_dict(cfg))))
 
+    def deploy_in_progress(self) -> str:
+        """What a running deploy is doing ("" when none): a new one would wait for it."""
+        controller = self.controller()
+        return _unwrap(lambda: ray.get(controller.deploy_in_progress.remote(),
+                                       timeout=_STATUS_TIMEOUT_S))
+
     def status(self) -> dict:
         controller = self.controller()
         return _unwrap(lambda: ray.get(controller.status.remote(), timeout=_STATUS_TIMEOUT_S))

@@ -58,7 +58,9 @@ TRANSITIONS: Mapping[tuple[ReplicaState, ReplicaEvent], ReplicaState] = MappingP
         (_S.RUNNING, _E.UNHEALTHY): _S.STOPPING,
         (_S.RUNNING, _E.DIED): _S.STOPPED,
         (_S.UPDATING, _E.RECONFIGURED): _S.RUNNING,
-        (_S.UPDATING, _E.RECONFIGURE_FAILED): _S.STOPPING,
+        # A failed reconfigure keeps the replica serving: the rollout stops and the
+        # previous config is sent again (or the replica is then stopped).
+        (_S.UPDATING, _E.RECONFIGURE_FAILED): _S.RUNNING,
         (_S.UPDATING, _E.STOP): _S.STOPPING,
         (_S.UPDATING, _E.UNHEALTHY): _S.STOPPING,
         (_S.UPDATING, _E.DIED): _S.STOPPED,

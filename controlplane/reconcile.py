@@ -69,9 +69,11 @@ def plan(s: DeploymentSnapshot) -> list[Action]:
     actions += _scale_new(s, new, old_serving)
     actions += _retire_old(s, new, old_serving)
     stopping = {a.replica_id for a in actions if isinstance(a, StopReplica)}
-    actions += [ReconfigureReplica(r.replica_id) for r in new
-                if r.state == ReplicaState.RUNNING and r.replica_id not in stopping
-                and r.config_version != s.target_config_version]
+    due = [r for r in new if r.state == ReplicaState.RUNNING and r.replica_id not in stopping
+           and r.config_version != s.target_config_version]
+    updating = sum(1 for r in new if r.state == ReplicaState.UPDATING)
+    # A config change rolls like a version: at most ``surge`` replicas reconfigure at once.
+    actions += [ReconfigureReplica(r.replica_id) for r in due[:max(s.surge - updating, 0)]]
     return actions
 
 

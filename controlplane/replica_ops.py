@@ -72,7 +72,7 @@ class ReplicaOps:
         d, spec = self._d, self._d.spec
         return ReplicaInit(
             replica_id=replica_id, app_name=spec.id.app, deployment=spec.id.name,
-            serialized_def=spec.serialized_def, user_config=spec.user_config,
+            serialized_def=spec.serialized_def, user_config=d.config.serving[0],
             rank=d.ranks.assign(replica_id), max_ongoing_requests=spec.max_ongoing_requests,
             shard_name=self._shard_name, namespace=self._namespace,
             metrics_report_interval_s=self._report_interval_s, code_version=spec.code_version,
@@ -83,12 +83,13 @@ class ReplicaOps:
 
     async def _wait_started(self, replica_id: str, handle: Any) -> None:
         d = self._d
+        timeout_s = d.settings.replica_start_timeout_s
         try:
-            info = await self._client.initialize(handle, d.settings.replica_start_timeout_s)
+            info = await self._client.initialize(handle, timeout_s)
         except Exception as e:  # any failure to start, typed or not, must end STARTING
             self._client.kill(handle)
-            d.start_failed(replica_id, str(e) if isinstance(e, (ReplicaDied, ReplicaCallFailed))
-                           else f"{type(e).__name__}: {e}", self._clock.monotonic())
+            d.start_failed(replica_id, _start_failure(e, timeout_s, d.spec.ray_actor_options),
+                           self._clock.monotonic())
             return
         if d.replica_started(replica_id, info, self._clock.monotonic()):
             d.spawn(self._watch_death(replica_id, handle))
@@ -141,8 +142,8 @@ class ReplicaOps:
         d = self._d
         if d.transition(replica_id, ReplicaEvent.RECONFIGURE) is None:
             return
-        d.spawn(self._wait_reconfigured(replica_id, d.handle(replica_id), d.spec.user_config,
-                                        d.spec.user_config_version))
+        user_config, version = d.config.serving
+        d.spawn(self._wait_reconfigured(replica_id, d.handle(replica_id), user_config, version))
 
     async def _wait_reconfigured(self, replica_id: str, handle: Any, user_config: Any,
                                  version: str) -> None:
@@ -153,7 +154,7 @@ class ReplicaOps:
         except ReplicaDied as e:
             d.transition(replica_id, ReplicaEvent.DIED, message=str(e))
         except Exception as e:  # ReplicaCallFailed, or anything untyped
-            d.reconfigure_failed(replica_id, str(e))
+            d.reconfigure_failed(replica_id, version, str(e))
         else:
             d.reconfigured(replica_id, version)
 
@@ -216,3 +217,13 @@ class ReplicaOps:
         handle = self._d.handle(replica_id)
         if self._d.replica_died(replica_id, message) and handle is not None:
             self._client.kill(handle)  # no-op on a dead actor; a wrong verdict leaks nothing
+
+
+def _start_failure(error: Exception, timeout_s: float, actor_options: Any) -> str:
+    if isinstance(error, (ReplicaDied, ReplicaCallFailed)):
+        return str(error)
+    if isinstance(error, asyncio.TimeoutError):
+        return (f"not started within replica_start_timeout_s ({timeout_s:g}s): its "
+                f"constructor or first health check was still running, or Ray found no node "
+                f"with room for it (ray_actor_options {dict(actor_options)})")
+    return f"{type(error).__name__}: {error}"

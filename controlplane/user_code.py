@@ -189,6 +189,7 @@ def _merged_options(app: str, found: _Found, override: Mapping[str, Any]) -> dic
 def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, Any],
           ingress: bool) -> DeploymentSpec:
     options = {**DEPLOYMENT_DEFAULTS, **_merged_options(app_config["name"], found, override)}
+    _check_user_config(app_config["name"], found, options["user_config"])
     if options["autoscaling_config"] is not None:  # the schema rejects setting both
         options["num_replicas"] = initial_target(
             AutoscalingPolicy.from_config(options["autoscaling_config"]))
@@ -214,6 +215,17 @@ def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, A
         backpressure_config=backpressure, ray_actor_options=actor_options,
         route_prefix=app_config.get("route_prefix") if ingress else None,
         runtime_env=runtime_env)
+
+
+def _check_user_config(app: str, found: _Found, user_config: Any) -> None:
+    """A ``user_config`` needs a ``reconfigure(self, config)`` to go to: refused here,
+    before anything runs, rather than failing in every replica."""
+    if user_config is None or callable(getattr(found.target, "reconfigure", None)):
+        return
+    kind = "class" if isinstance(found.target, type) else "function deployment"
+    raise BuildError(app, f"deployment '{found.name}' sets user_config but its {kind} "
+                     f"has no reconfigure(self, config) method to receive it; add one or "
+                     f"remove user_config")
 
 
 def _code_identity(found: _Found) -> list:

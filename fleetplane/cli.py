@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say(start: float, text: str) -> None:
-    print(f"[{time.monotonic() - start:7.2f}s] {text}", flush=True)
+    try:
+        print(f"[{time.monotonic() - start:7.2f}s] {text}", flush=True)
+    except OSError:  # the terminal is gone (SIGHUP): keep stopping, silently
+        pass
 
 
 class _Progress:
@@ -92,7 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # After ray.init, which installs a SIGTERM handler of its own that exits at once:
     # SIGTERM must drain like Ctrl-C does. SIGINT is installed too: a shell starts a
     # script's background job with SIGINT ignored, and Ctrl-C must work there as well.
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP (the terminal closed) stops it the same way: nothing is left behind.
+    for signum in _STOP_SIGNALS:
         signal.signal(signum, _interrupt)
     record_instance()
     _say(start, f"Ray ready ({'joined ' + args.address if args.address else 'embedded, local'})")
@@ -104,6 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         deployed = True
         _say(start, f"deployed {len(result['deployments'])} deployment(s) on "
              f"{result['num_shards']} shard(s); waiting for replicas")
+        for warning in result.get("warnings", []):
+            _say(start, f"warning: {warning}")
         _serve(client, start, args.start_timeout_s)
     except KeyboardInterrupt:
         _say(start, "stopping: draining replicas")
@@ -113,6 +119,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             _stop(client, start, embedded=not args.address)
         forget_record()
     return EXIT_OK
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _interrupt(*_: object) -> None:
@@ -177,7 +186,8 @@ class _Supervision:
 def _stop(client, start: float, embedded: bool) -> None:
     import ray
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the drain finish
+    for signum in _STOP_SIGNALS:  # a second signal must not cut the drain short
+        signal.signal(signum, signal.SIG_IGN)
     try:
         client.shutdown()
     except NoInstance:
@@ -203,9 +213,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = load_deploy_config(args.config)
     client = _attach(args.address)
     client.controller()  # a clear NoInstance before anything else
+    busy = client.deploy_in_progress()
+    if busy:
+        print(f"{busy} is still importing and building; this one waits its turn "
+              f"(builds time out after controller_options.build_timeout_s)", flush=True)
     result = client.deploy(cfg)
     print(f"accepted: generation {result['generation']}, "
           f"{len(result['deployments'])} deployment(s)")
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}")
     if args.wait:
         start = time.monotonic()
         status = client.wait_until_running(args.timeout_s, _Progress(start))

@@ -4,8 +4,8 @@ A real ``fleetplane run`` in a subprocess, on an embedded Ray cluster of its own
 cluster on this machine beside the session's). It records that cluster's address, so
 ``fleetplane status`` from another process attaches to it and not to the session's. A
 helper process SIGKILLs the controller, then a shard, then the proxy; ``run`` must print
-each as news and never exit, requests must not fail (the proxy's refused connections
-aside), and Ctrl-C must still stop everything.
+each as news and never exit, requests must not fail (the killed proxy's in-flight
+request aside), and Ctrl-C (or a hangup) must still stop everything.
 """
 
 from __future__ import annotations
@@ -120,3 +120,18 @@ def _proxy_actor(address: str, env: dict) -> str:
     out = subprocess.run([sys.executable, "-c", code, address], env=env, check=True,
                          capture_output=True, text=True, timeout=60)
     return out.stdout.strip().splitlines()[-1]
+
+
+def test_a_hangup_stops_run_and_leaves_no_ray_process_behind(running):
+    """The terminal closed (SIGHUP), as Ctrl-C: drain, stop Ray, exit 0, nothing left."""
+    import psutil
+
+    run, log, url, _ = running
+    assert requests.get(url, timeout=10).status_code == 200
+    started = psutil.Process(run.pid).children(recursive=True)  # its GCS, raylet, workers
+    assert started
+    run.send_signal(signal.SIGHUP)
+    assert run.wait(90) == 0
+    assert "stopped (Ray shut down)" in log.read_text()
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert alive == [], [p.pid for p in alive]

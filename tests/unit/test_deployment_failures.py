@@ -57,6 +57,27 @@ def test_constructor_failure_backs_off_then_deploy_fails_with_traceback():
     run(scenario)
 
 
+def test_a_slow_start_says_how_long_and_a_timed_out_one_says_what_it_was_doing():
+    async def scenario():
+        shard = Shard(replica_start_timeout_s=60.0)
+        shard.client.hold("initialize")
+        await shard.deploy(make_spec(1))
+        await shard.advance(12.0)
+        [replica] = shard.replicas()
+        assert replica["state"] == "STARTING"
+        assert replica["message"].startswith("starting for 12s (placement, constructor, "
+                                             "first health check; gives up after 60s")
+        shard.client.fail("initialize", replica["replica_id"], asyncio.TimeoutError())
+        await shard.step(2)
+        message = shard.status()["message"]
+        assert "not started within replica_start_timeout_s (60s)" in message
+        assert "constructor or first health check was still running" in message
+        assert "ray_actor_options {'num_cpus': 1}" in message
+        await shard.advance(1.0)  # retried after the start backoff
+        assert len(shard.client.created) == 2
+    run(scenario)
+
+
 def test_backoff_is_capped_at_start_backoff_max_s():
     async def scenario():
         shard = Shard(max_constructor_retries=10, start_backoff_initial_s=1.0,
@@ -360,7 +381,8 @@ def test_scale_down_with_a_config_change_reconfigures_only_the_survivors(caplog)
 @pytest.mark.parametrize("outcome", ["ok", ReplicaCallFailed(TRACEBACK)])
 def test_replica_stopped_while_reconfiguring_finishes_quietly(caplog, outcome):
     async def scenario():
-        shard = await deployed(2, user_config={"k": 1})
+        shard = Shard(rolling_surge_fraction=1.0)  # both reconfigure at once
+        await shard.deploy(make_spec(2, user_config={"k": 1}))
         shard.client.hold("reconfigure")
         await shard.deploy(make_spec(2, user_config={"k": 2}))
         victim = shard.id_of_rank(1)

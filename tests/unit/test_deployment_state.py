@@ -106,20 +106,22 @@ def test_scale_up_keeps_existing_replicas_and_adds_next_ranks():
 # -- user_config ------------------------------------------------------------------------
 
 
-def test_user_config_change_reconfigures_in_place():
+def test_user_config_change_rolls_through_the_replicas_in_place():
+    """Paced like a version: at most the surge (here 1 of 3) reconfigures at once."""
     async def scenario():
         shard = await deployed(3, user_config={"threshold": 1})
         ranks_before = shard.serving_ranks()
         shard.client.hold("reconfigure")
         await shard.deploy(make_spec(3, user_config={"threshold": 2}))
+        for done in range(3):
+            assert len(shard.client.held("reconfigure")) == 1
+            assert shard.states() == Counter(RUNNING=2, UPDATING=1)  # all still serving
+            assert shard.status()["status"] == "UPDATING"
+            shard.client.release_all("reconfigure")
+            await shard.step(2)
+        assert shard.status()["status"] == "HEALTHY"
         assert sorted(shard.client.ids("reconfigure")) == sorted(ranks_before)
         assert all(c.args[0] == {"threshold": 2} for c in shard.client.calls_to("reconfigure"))
-        assert shard.states() == Counter(UPDATING=3)  # still serving while reconfiguring
-        assert shard.status()["status"] == "UPDATING"
-
-        shard.client.release_all("reconfigure")
-        await shard.step(2)
-        assert shard.status()["status"] == "HEALTHY"
         assert shard.serving_ranks() == ranks_before
         assert len(shard.client.created) == 3 and shard.client.ids("stop") == []
         assert all(shard.client.handles[rid].user_config == {"threshold": 2}
@@ -136,18 +138,47 @@ def test_same_user_config_again_reconfigures_nothing():
     run(scenario)
 
 
-def test_failed_reconfigure_replaces_the_replica_with_the_new_config():
+def test_a_failed_reconfigure_stops_the_rollout_and_the_old_config_keeps_serving():
+    async def scenario():
+        shard = await deployed(3, user_config={"k": 1})
+        replicas = sorted(shard.serving_ranks())
+        shard.client.hold("reconfigure")
+        await shard.deploy(make_spec(3, user_config={"k": 2}))
+        [first] = shard.client.held("reconfigure")  # the only one asked for {"k": 2}
+        shard.client.set_outcome("reconfigure", "ok")
+        shard.client.fail("reconfigure", first, ReplicaCallFailed(TRACEBACK))
+        await shard.step(3)
+        assert [c.args[0] for c in shard.client.calls_to("reconfigure")] == [{"k": 2}, {"k": 1}]
+        assert shard.client.ids("reconfigure") == [first, first]  # told the old config again
+        assert sorted(shard.serving_ranks()) == replicas and shard.states() == Counter(RUNNING=3)
+        assert shard.client.ids("stop") == [] and len(shard.client.created) == 3
+        dep = shard.status()
+        assert dep["status"] == "DEPLOY_FAILED"
+        assert "previous config keeps serving" in dep["message"] and "boom" in dep["message"]
+
+        shard.client.crash(replicas[2])  # a replacement starts with the config that works
+        await shard.step(3)
+        assert shard.client.handles[shard.client.created[-1]].init.user_config == {"k": 1}
+        assert shard.states() == Counter(RUNNING=3)
+
+        await shard.deploy(make_spec(3, user_config={"k": 3}), ticks=8)  # a fixed config
+        assert shard.status()["status"] == "HEALTHY"
+        assert all(shard.client.handles[r].user_config == {"k": 3} for r in shard.serving_ranks())
+    run(scenario)
+
+
+def test_a_replica_that_cannot_take_the_old_config_back_is_replaced():
     async def scenario():
         shard = await deployed(1, user_config={"k": 1})
         old = shard.client.created[0]
         shard.client.set_outcome("reconfigure", ReplicaCallFailed(TRACEBACK))
-        await shard.deploy(make_spec(1, user_config={"k": 2}), ticks=4)
+        await shard.deploy(make_spec(1, user_config={"k": 2}), ticks=6)
+        assert [c.args[0] for c in shard.client.calls_to("reconfigure")] == [{"k": 2}, {"k": 1}]
         assert shard.client.ids("stop") == [old]
-        assert len(shard.client.created) == 2
         new = shard.client.created[1]
-        assert shard.client.handles[new].init.user_config == {"k": 2}
+        assert shard.client.handles[new].init.user_config == {"k": 1}
         assert shard.serving_ranks() == {new: 0}
-        assert shard.status()["status"] == "HEALTHY"
+        assert shard.status()["status"] == "DEPLOY_FAILED"
     run(scenario)
 
 

@@ -125,10 +125,18 @@ def test_scale_down_ignores_already_stopping_replicas():
 # -- user_config --------------------------------------------------------------------------
 
 
-def test_config_change_reconfigures_every_running_replica():
-    actions = plan(snap(*running(3, config="c1"), target=3, config="c2"))
+def test_config_change_reconfigures_as_many_replicas_at_once_as_the_surge():
+    actions = plan(snap(*running(3, config="c1"), target=3, config="c2", surge=3))
     assert actions == [ReconfigureReplica("r0"), ReconfigureReplica("r1"),
                        ReconfigureReplica("r2")]
+    assert reconfigured(plan(snap(*running(3, config="c1"), target=3, config="c2",
+                                  surge=2))) == ["r0", "r1"]
+
+
+def test_replicas_reconfiguring_now_count_against_the_surge():
+    replicas = (view("busy", S.UPDATING, "v1", "c1", 0), *running(2, config="c1"))
+    assert reconfigured(plan(snap(*replicas, target=3, config="c2", surge=1))) == []
+    assert reconfigured(plan(snap(*replicas, target=3, config="c2", surge=2))) == ["r0"]
 
 
 def test_config_change_reconfigures_only_running_same_version_with_other_config():
@@ -139,12 +147,12 @@ def test_config_change_reconfigures_only_running_same_version_with_other_config(
         view("starting", S.STARTING, "v1", "c1", 3),
         view("stopping", S.STOPPING, "v1", "c1", 4),
     )
-    assert reconfigured(plan(snap(*replicas, target=4, config="c2"))) == ["stale"]
+    assert reconfigured(plan(snap(*replicas, target=4, config="c2", surge=4))) == ["stale"]
 
 
 def test_config_change_does_not_reconfigure_old_version_replicas():
     replicas = (*running(2, "v0", "c1", prefix="old"), *running(1, "v1", "c1", prefix="new"))
-    assert reconfigured(plan(snap(*replicas, target=2, config="c2"))) == ["new0"]
+    assert reconfigured(plan(snap(*replicas, target=2, config="c2", surge=2))) == ["new0"]
 
 
 def test_config_change_starts_and_stops_nothing():

@@ -386,3 +386,13 @@ def test_stable_hash_is_deterministic():
     assert stable_hash({"a": 1}) != stable_hash({"a": 2})
     assert stable_hash([1, 2]) == stable_hash((1, 2))  # the JSON form is what counts
 
+
+
+@pytest.mark.parametrize("target, kind", [("Adder", "class"), ("echo", "function deployment")])
+def test_user_config_without_a_reconfigure_to_receive_it_is_refused(target, kind):
+    name = "Adder" if target == "Adder" else "echo"
+    with pytest.raises(BuildError) as caught:
+        build(f"{APPS}:{target}", deployments=[{"name": name, "user_config": {"k": 1}}])
+    assert f"deployment '{name}' sets user_config but its {kind} has no reconfigure" \
+        in caught.value.message
+    assert "add one or remove user_config" in caught.value.message
