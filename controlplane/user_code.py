@@ -85,18 +85,6 @@ def build_application(app_config: Mapping[str, Any]) -> list[DeploymentSpec]:
             for i, f in enumerate(found)]
 
 
-def build_applications(apps: list[Mapping[str, Any]]) -> list[list[DeploymentSpec] | BuildError]:
-    """Build several applications in one worker (they share a runtime_env): each result
-    is its specs or its BuildError, so one failing app does not hide the others'."""
-    results: list[list[DeploymentSpec] | BuildError] = []
-    for app in apps:
-        try:
-            results.append(build_application(app))
-        except BuildError as e:
-            results.append(e)
-    return results
-
-
 def _discover(app: str, target: Any, args: Mapping[str, Any]) -> list[_Found]:
     """Ingress first, then every other deployment of the bound graph (each once)."""
     from ray.serve.deployment import Application, Deployment

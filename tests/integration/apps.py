@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from ray import serve
 
@@ -98,3 +99,16 @@ class Composer:
 
 
 composed_app = Composer.bind(Doubler.bind())
+
+
+class PickyModel(Model):
+    """``reconfigure()`` raises for ``{"fail": true}``; ``hang_s`` stalls the constructor."""
+
+    def __init__(self, hang_s: float = 0.0) -> None:
+        time.sleep(hang_s)
+        super().__init__()
+
+    def reconfigure(self, user_config: dict) -> None:
+        if user_config.get("fail"):
+            raise ValueError(f"cannot apply {user_config}: threshold out of range")
+        super().reconfigure(user_config)

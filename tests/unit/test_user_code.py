@@ -21,7 +21,7 @@ import ray.cloudpickle as cloudpickle
 from controlplane.config import AutoscalingConfig, config_to_dict, parse_deploy_config
 from controlplane.errors import BuildError
 from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, shard_of, stable_hash
-from controlplane.user_code import build_application, build_applications
+from controlplane.user_code import build_application
 from controlplane.wire import DeploymentRef
 
 APPS = "tests.unit.sample_apps"
@@ -214,11 +214,10 @@ def test_config_sizing_replaces_invalid_code_autoscaling():
     assert spec.autoscaling_config["min_replicas"] == 1
 
 
-def test_invalid_code_options_fail_only_their_application():
-    results = build_applications([app_config(f"{APPS}:scale_to_zero_app", name="bad"),
-                                  app_config(f"{APPS}:autoscaled_app", name="good")])
-    assert isinstance(results[0], BuildError) and results[0].app == "bad"
-    assert [s.id for s in results[1]] == [DeploymentId("good", "Model")]
+def test_invalid_code_options_fail_their_application_by_name():
+    with pytest.raises(BuildError) as caught:
+        build(f"{APPS}:scale_to_zero_app", name="bad")
+    assert caught.value.app == "bad"
 
 
 def test_unbound_serve_deployment_is_bound_without_args():
