@@ -37,11 +37,13 @@ from controlplane.health.stall_guard import StallGuard
 from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, ReplicaState
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
-                                    StartReplica, StopReplica, deployment_status, plan)
+                                    StartReplica, StopReplica, plan)
+from controlplane.deployment_report import deployment_report
 from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec, stable_hash
 from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
+from controlplane.version_rollout import VersionRollout
 from controlplane.wire import (MetricReport, PushedHealth, ReplicaDescription, ReplicaInfo,
                                RoutingUpdate)
 
@@ -66,6 +68,8 @@ class DeploymentState:
         self._handles: dict[str, Any] = {}  # replica id -> the client's actor handle
         self._config_versions: dict[str, str] = {}  # replica id -> user_config version
         self.config = ConfigRollout((spec.user_config, spec.user_config_version))
+        self.rollout = VersionRollout(spec)
+        self._proving: dict[str, float] = {}  # new-version replica id -> end of its proving
         self.health_totals = totals if totals is not None else HealthTotals()
         period = spec.health_check_period_s
         self.health = DeploymentHealth(
@@ -100,6 +104,7 @@ class DeploymentState:
                                       self.spec.health_check_timeout_s)
         self.config = self.config.retarget((spec.user_config, spec.user_config_version),
                                            code_changed)
+        self.rollout = self.rollout.retarget(spec)
         self.spec = spec
         self.health.set_period(spec.health_check_period_s)
         if timings_changed:  # O(N) on this redeploy only; self-checks run on the replicas
@@ -146,7 +151,7 @@ class DeploymentState:
         if self._dirty:
             self._dirty = False
             self._act(plan(self.snapshot(now)), now)
-        self._act_health(self.health.tick(now))
+        self._act_health(self.health.tick(now), now)
         for replica_id, _old, new in run_consistency_pass(self.rank_gate, self.ranks,
                                                           self.replicas, now):
             self._set_rank(replica_id, new)
@@ -157,7 +162,8 @@ class DeploymentState:
                       for r in self.replicas.records())
         surge = max(1, int(self.settings.rolling_surge_fraction * self.target_replicas))
         return DeploymentSnapshot(
-            target_replicas=self.target_replicas, target_version=self.spec.code_version,
+            target_replicas=self.target_replicas,
+            target_version=self.rollout.serving.code_version,
             target_config_version=self.config.serving[1], replicas=views,
             deleting=self.deleting, surge=surge,
             starts_blocked=self.backoff.blocked(now))
@@ -186,9 +192,9 @@ class DeploymentState:
             self.health.record_push(replica_id, health, now, via_heartbeat)
 
     def probe_resolved(self, replica_id: str, outcome: ProbeOutcome, now: float) -> None:
-        self._act_health(self.health.probe_resolved(replica_id, outcome, now))
+        self._act_health(self.health.probe_resolved(replica_id, outcome, now), now)
 
-    def _act_health(self, actions: list[HealthAction]) -> None:
+    def _act_health(self, actions: list[HealthAction], now: float) -> None:
         for action in actions:
             if isinstance(action, ProbeReplica):
                 self.ops.probe(action.replica_id)
@@ -196,6 +202,9 @@ class DeploymentState:
                 self._show_health(action)
             elif isinstance(action, ReplaceUnhealthy):
                 logger.warning("replica %s is unhealthy: %s", action.replica_id, action.message)
+                if now < self._proving.get(action.replica_id, now) and self.rollout.rolling:
+                    self._roll_back(f"replica {action.replica_id} of the new version turned "
+                                    f"unhealthy soon after starting: {action.message}")
                 self.ops.stop(action.replica_id, f"unhealthy: {action.message}",
                               event=ReplicaEvent.UNHEALTHY)
             elif isinstance(action, ReplicaCrashed):
@@ -217,6 +226,7 @@ class DeploymentState:
     def _forget_replica(self, replica_id: str) -> None:
         self._handles.pop(replica_id, None)
         self._config_versions.pop(replica_id, None)
+        self._proving.pop(replica_id, None)
         self.health.forget(replica_id)
         self.ranks.release(replica_id)
         self._metrics.forget(replica_id)
@@ -271,7 +281,8 @@ class DeploymentState:
                         now: float) -> None:
         """The client accepted the actor; it is STARTING until ``replica_started``."""
         self.replicas.add(ReplicaRecord(
-            replica_id=replica_id, state=ReplicaState.STARTING, version=self.spec.code_version,
+            replica_id=replica_id, state=ReplicaState.STARTING,
+            version=self.rollout.serving.code_version,
             rank=self.ranks.rank_of(replica_id), started_at=now, actor_name=actor_name))
         self._config_versions[replica_id] = self.config.serving[1]
         self._handles[replica_id] = handle
@@ -317,6 +328,11 @@ class DeploymentState:
                            message="") is None:
             return False
         self.backoff = self.backoff.with_started()
+        if self.rollout.rolling and self.replicas.get(replica_id).version == \
+                self.spec.code_version:
+            # failures that begin within the proving periods, once the threshold is reached
+            periods = self.settings.rollout_proving_periods + self.settings.unhealthy_threshold
+            self._proving[replica_id] = now + periods * self.spec.health_check_period_s
         self.health.note_capacity(self.replicas.count(ReplicaState.RUNNING), self.target_replicas)
         self.health.watch(replica_id, now)
         return True
@@ -329,13 +345,30 @@ class DeploymentState:
         if created and self.transition(replica_id, ReplicaEvent.START_FAILED,
                                        expect=ReplicaState.STARTING) is None:
             return
-        self.backoff = self.backoff.with_failure(
-            f"replica {replica_id} failed to start:\n{message}", now, self.target_replicas,
-            self._backoff_policy)
+        self._rollout_failure(f"replica {replica_id} failed to start:\n{message}", now)
+
+    def _rollout_failure(self, message: str, now: float) -> None:
+        """One failed start toward the start budget; the budget spent during a rollout
+        rolls the deployment back to the code it ran before."""
+        self.backoff = self.backoff.with_failure(message, now, self.target_replicas,
+                                                 self._backoff_policy)
         self.mark_dirty()
+        if self.backoff.deploy_failed and self.rollout.rolling:
+            self._roll_back(message)
+            return
         logger.error("%s (failure %d, next try in %.1fs)", self.backoff.last_error,
                      self.backoff.failures,
                      StartBackoff.delay_s(self._backoff_policy, self.backoff.failures))
+
+    def _roll_back(self, cause: str) -> None:
+        """The new version failed: start the previous one again (``VersionRollout``)."""
+        self.rollout = self.rollout.with_failure(
+            f"{cause}\nthe rollout of version {self.spec.code_version} failed; rolled back "
+            f"to version {self.rollout.fallback.code_version}, which keeps serving")
+        self.backoff = StartBackoff()  # the old version may start replacements again
+        self._proving.clear()
+        self.mark_dirty()
+        logger.error("%s: %s", self.spec.id, self.rollout.failed)
 
     def reconfigured(self, replica_id: str, version: str) -> None:
         if self.transition(replica_id, ReplicaEvent.RECONFIGURED, expect=ReplicaState.UPDATING):
@@ -394,40 +427,12 @@ class DeploymentState:
             retry_after_policy=backpressure.get("retry_after_policy") or "static")
 
     # ---- status ---------------------------------------------------------------------------
+    @property
+    def autoscaled(self) -> bool:
+        return self._policy is not None
+
     def status(self, now: float) -> dict:
-        snap = self.snapshot(now)
-        failed = self.backoff.deploy_failed or bool(self.config.failed)
-        status = deployment_status(snap, failed, self.health.unhealthy)
-        message = self.config.failed or (
-            self.backoff.last_error if status in ("DEPLOY_FAILED", "UPDATING") else "")
-        if self.adopting:
-            status, message = "UPDATING", "re-adopting the running replicas (shard restarted)"
-        return {
-            "status": status,
-            "message": message,
-            "target_replicas": self.target_replicas,
-            "version": self.spec.code_version,
-            "autoscaling": self._policy is not None,
-            "push_health": self._push_health_status(),
-            "replicas": [self._replica_status(r, now) for r in sorted(
-                self.replicas.records(), key=lambda r: (r.rank is None, r.rank, r.replica_id))],
-        }
-
-    def _push_health_status(self) -> dict:
-        stall = self.health.guard.statistics()
-        return {"tracked": self.health.registry.tracked, "stall_state": stall.state.value,
-                "stall_held": stall.held}
-
-    def _replica_status(self, r: ReplicaRecord, now: float) -> dict:
-        healthy = r.state in SERVING_STATES and self.health.failures(r.replica_id) == 0
-        message = r.message
-        if r.state == ReplicaState.STARTING and not message:
-            message = (f"starting for {now - r.started_at:.0f}s (placement, constructor, "
-                       f"first health check; gives up after "
-                       f"{self.settings.replica_start_timeout_s:g}s and retries)")
-        return {"replica_id": r.replica_id, "state": r.state.value, "rank": r.rank,
-                "healthy": healthy, "node_id": r.node_id, "actor_name": r.actor_name,
-                "version": r.version, "message": message}
+        return deployment_report(self, now)
 
 
 def _seq_of(replica_id: str) -> int:

@@ -52,7 +52,7 @@ class ReplicaOps:
         for _ in range(_NAME_TRIES):
             replica_id = d.next_replica_id()
             try:
-                handle = self._client.create(self._init_for(replica_id), d.spec)
+                handle = self._client.create(self._init_for(replica_id), d.rollout.serving)
                 break
             except ValueError as e:  # the name is held by an actor from an earlier shard
                 d.ranks.release(replica_id)
@@ -69,7 +69,7 @@ class ReplicaOps:
         d.spawn(self._wait_started(replica_id, handle))
 
     def _init_for(self, replica_id: str) -> ReplicaInit:
-        d, spec = self._d, self._d.spec
+        d, spec = self._d, self._d.rollout.serving
         return ReplicaInit(
             replica_id=replica_id, app_name=spec.id.app, deployment=spec.id.name,
             serialized_def=spec.serialized_def, user_config=d.config.serving[0],

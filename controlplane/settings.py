@@ -38,6 +38,9 @@ class ShardSettings:
     start_backoff_max_s: float = 30.0       # ...up to this
     rank_error_retry_s: float = 30.0        # seed 000: back off an erroring rank pass
     rolling_surge_fraction: float = 0.2     # extra replicas a rolling update may start
+    # A new-version replica whose health checks start failing within this many health
+    # periods of starting (declared unhealthy at unhealthy_threshold) rolls the rollout back.
+    rollout_proving_periods: float = 3.0
     stop_grace_extra_s: float = 5.0         # on top of graceful_shutdown_timeout_s
     stall_episode_cap_s: float = 120.0      # seed 000: longest a stall verdict defers probes
 

@@ -61,6 +61,7 @@ class PushedHealth:
     healthy: bool
     checked_at: float  # replica's monotonic clock when the check completed
     consecutive_failures: int  # advances at most once per health period (replica side)
+    error: str = ""  # an unhealthy result's cause, one short line (status shows it)
 
     def __post_init__(self) -> None:
         if self.consecutive_failures < 0:

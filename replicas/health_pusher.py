@@ -27,11 +27,17 @@ from controlplane.wire import PushedHealth
 from replicas.self_health import EVAL_JITTER_SLACK, HealthSnapshot
 
 
+_ERROR_CHARS = 300  # an unhealthy push carries its cause, kept short
+
+
 def to_pushed(snapshot: HealthSnapshot) -> PushedHealth | None:
     """The wire form of a snapshot; None before the first check completed."""
     if snapshot.checked_at is None:
         return None
-    return PushedHealth(snapshot.healthy, snapshot.checked_at, snapshot.consecutive_failures)
+    lines = (snapshot.last_error or "").strip().splitlines()
+    error = lines[0][:_ERROR_CHARS] if lines and not snapshot.healthy else ""
+    return PushedHealth(snapshot.healthy, snapshot.checked_at, snapshot.consecutive_failures,
+                        error)
 
 
 class HealthPusher:

@@ -163,11 +163,15 @@ class DeploymentHealth:
         return actions
 
     def _consume(self, replica_id: str, actions: list[HealthAction]) -> None:
-        state, verdict = consume_push(self._states[replica_id], self.registry.get(replica_id))
+        entry = self.registry.get(replica_id)
+        state, verdict = consume_push(self._states[replica_id], entry)
         self._states[replica_id] = state
         if isinstance(verdict, UsePush):
+            error = entry.health.error
+            message = (f"self health check failed ({verdict.failures} consecutive, push): "
+                       f"{error}" if error and not verdict.healthy else "")
             actions.append(self._judge(ApplyHealth(replica_id, verdict.healthy, verdict.failures,
-                                                   verdict.failures_counted, "push")))
+                                                   verdict.failures_counted, "push", message)))
 
     def _visit(self, replica_id: str, now: float, actions: list[HealthAction]) -> None:
         state = self._states[replica_id]

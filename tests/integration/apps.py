@@ -102,11 +102,17 @@ composed_app = Composer.bind(Doubler.bind())
 
 
 class PickyModel(Model):
-    """``reconfigure()`` raises for ``{"fail": true}``; ``hang_s`` stalls the constructor."""
+    """``reconfigure()`` raises for ``{"fail": true}``; ``hang_s`` stalls the constructor;
+    ``sick_after_s``: health checks fail that long after it started."""
 
-    def __init__(self, hang_s: float = 0.0) -> None:
+    def __init__(self, hang_s: float = 0.0, sick_after_s: float | None = None) -> None:
         time.sleep(hang_s)
         super().__init__()
+        self.sick_at = None if sick_after_s is None else time.monotonic() + sick_after_s
+
+    def check_health(self) -> None:
+        if self.sick_at is not None and time.monotonic() > self.sick_at:
+            raise RuntimeError("GPU memory corrupted (simulated)")
 
     def reconfigure(self, user_config: dict) -> None:
         if user_config.get("fail"):

@@ -134,6 +134,27 @@ def test_a_hanging_constructor_keeps_the_old_version_serving_and_says_so(rollout
     assert replica_ids(rollout) == before
 
 
+def test_a_new_version_turning_unhealthy_after_starting_is_rolled_back(rollout):
+    with Load(url(rollout)) as load:
+        send(rollout, picky({"greeting": "hello again"}) | {"args": {"sick_after_s": 1.0}})
+        status = wait_for(rollout, rolled_back, timeout_s=90, what="rolled back")
+        dep = dep_status(status, APP, DEP)
+        assert "turned unhealthy soon after starting" in dep["message"]
+        assert "GPU memory corrupted" in dep["message"]  # the user's health check error
+        assert dep["serving_version"] != dep["version"]
+        send(rollout, picky({"greeting": "hello again"}))  # the version that serves
+        wait_for(rollout, healthy, what="HEALTHY on the old version")
+    all_ok(load)
+
+
+def rolled_back(status: dict) -> bool:
+    """DEPLOY_FAILED, and every replica a healthy, RUNNING one of the previous version."""
+    dep = dep_status(status, APP, DEP)
+    return dep["status"] == "DEPLOY_FAILED" and len(dep["replicas"]) == N and all(
+        r["state"] == "RUNNING" and r["healthy"] and r["version"] == dep["serving_version"]
+        for r in dep["replicas"])
+
+
 def test_more_replicas_than_the_cluster_can_place_is_accepted_with_a_warning(rollout):
     gpus = app("gb10", "tests.integration.apps:PickyModel", deployments=[{
         "name": DEP, "num_replicas": 2,

@@ -33,9 +33,9 @@ def send(pusher: HealthPusher, s: HealthSnapshot, now: float) -> PushedHealth:
 # --- reports ---------------------------------------------------------------------------------
 
 
-def test_a_report_carries_the_three_health_fields_once_a_check_completed():
+def test_a_report_carries_the_health_fields_once_a_check_completed():
     assert to_pushed(snap(None)) is None
-    assert to_pushed(snap(T0, healthy=False, failures=2)) == PushedHealth(False, T0, 2)
+    assert to_pushed(snap(T0, healthy=False, failures=2)) == PushedHealth(False, T0, 2, "bad")
 
 
 def test_suppression_compares_report_interval_with_the_period_not_the_half_period():

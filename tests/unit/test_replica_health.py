@@ -174,7 +174,8 @@ def test_a_flip_to_unhealthy_is_sent_at_once_even_when_reports_carry_health() ->
         f.health.report_sent()
         f.check.fail_with = RuntimeError("db down")
         await advance(PERIOD / 2)
-        assert f.shard.sent == [(T0 + 5, PushedHealth(False, T0 + 5, 1))]
+        assert f.shard.sent == [(T0 + 5, PushedHealth(
+            False, T0 + 5, 1, "health check failed: RuntimeError('db down')"))]  # with its cause
 
     f.run(main)
 
