@@ -29,18 +29,31 @@ def deployment_report(d: DeploymentState, now: float) -> dict:
         "autoscaling": d.autoscaled,
         "push_health": {"tracked": d.health.registry.tracked, "stall_state": stall.state.value,
                         "stall_held": stall.held},
-        "replicas": [_replica(d, r, now) for r in sorted(
-            d.replicas.records(), key=lambda r: (r.rank is None, r.rank, r.replica_id))],
+        "replicas": _replicas(d, now),
     }
+
+
+_EXPLAINED_STARTS = 20  # starting replicas whose phase one status call asks Ray for
+
+
+def _replicas(d: DeploymentState, now: float) -> list[dict]:
+    records = sorted(d.replicas.records(),
+                     key=lambda r: (r.rank is None, r.rank, r.replica_id))
+    explained, rows = 0, []
+    for r in records:
+        row = _replica(d, r, now)
+        if r.state == ReplicaState.STARTING and not r.message:
+            phase = d.ops.start_phase(r.replica_id) if explained < _EXPLAINED_STARTS else ""
+            explained += 1
+            row["message"] = (f"{phase or 'starting'} for {now - r.started_at:.0f}s "
+                              f"(gives up after {d.settings.replica_start_timeout_s:g}s and "
+                              f"retries)")
+        rows.append(row)
+    return rows
 
 
 def _replica(d: DeploymentState, r: ReplicaRecord, now: float) -> dict:
     healthy = r.state in SERVING_STATES and d.health.failures(r.replica_id) == 0
-    message = r.message
-    if r.state == ReplicaState.STARTING and not message:
-        message = (f"starting for {now - r.started_at:.0f}s (placement, constructor, first "
-                   f"health check; gives up after {d.settings.replica_start_timeout_s:g}s "
-                   f"and retries)")
     return {"replica_id": r.replica_id, "state": r.state.value, "rank": r.rank,
             "healthy": healthy, "node_id": r.node_id, "actor_name": r.actor_name,
-            "version": r.version, "message": message}
+            "version": r.version, "message": r.message}

@@ -47,11 +47,15 @@ class ReplicaClient(Protocol):
     starts in the background) or raises: ``ValueError`` when the actor name is taken,
     anything else when the scheduler refused it. The async calls raise ``ReplicaDied``
     or ``ReplicaCallFailed``; ``stop`` and ``kill`` never raise. ``find`` lists the live
-    replica actors of a deployment by name (replica id -> handle), for re-adoption."""
+    replica actors of a deployment by name (replica id -> handle), for re-adoption.
+    ``start_phase`` says where a starting replica is (one of ``START_PHASES``; "" when
+    unknown), for status."""
 
     def create(self, init: ReplicaInit, spec: DeploymentSpec) -> Any: ...
 
     def find(self, app: str, deployment: str) -> dict[str, Any]: ...
+
+    def start_phase(self, handle: Any) -> str: ...
 
     async def describe(self, handle: Any, timeout_s: float) -> ReplicaDescription: ...
 
@@ -92,6 +96,12 @@ def load_actor_class(path: str = REPLICA_ACTOR_CLASS) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+# Ray's actor states while a replica starts, in words for status.
+START_PHASES = {"PENDING_CREATION": "waiting for Ray to place it",
+                "DEPENDENCIES_UNREADY": "setting up its runtime_env",
+                "ALIVE": "constructor and first health check running"}
+
+
 class RayReplicaClient:
     def __init__(self, namespace: str, actor_class: str = REPLICA_ACTOR_CLASS) -> None:
         self._namespace = namespace
@@ -106,6 +116,15 @@ class RayReplicaClient:
             name=replica_actor_name(init.replica_id), namespace=self._namespace,
             lifetime="detached", max_restarts=0, max_concurrency=10_000,
             **options).remote(init)
+
+    def start_phase(self, handle: Any) -> str:
+        """The actor's state in GCS (one small call; the state API needs the dashboard)."""
+        from ray._private import state
+
+        try:
+            return START_PHASES.get(state.actors(handle._actor_id.hex())["State"], "")
+        except Exception:  # unknown: status falls back to the plain wording
+            return ""
 
     def find(self, app: str, deployment: str) -> dict[str, Any]:
         """Live replica actors of one deployment in this namespace, by replica id."""

@@ -94,6 +94,10 @@ class ReplicaOps:
         if d.replica_started(replica_id, info, self._clock.monotonic()):
             d.spawn(self._watch_death(replica_id, handle))
 
+    def start_phase(self, replica_id: str) -> str:
+        handle = self._d.handle(replica_id)
+        return self._client.start_phase(handle) if handle is not None else ""
+
     # ---- re-adoption --------------------------------------------------------------------------
     async def adopt_existing(self) -> None:
         """Take over the deployment's live replicas (this shard restarted): each describes

@@ -188,6 +188,9 @@ class SimReplicaClient:
         self._live[init.replica_id] = handle
         return handle
 
+    def start_phase(self, handle: SimHandle) -> str:
+        return ""  # simulated replicas start at once
+
     def find(self, app: str, deployment: str) -> dict[str, SimHandle]:
         prefix = f"{app}#{deployment}#"
         return {rid: h for rid, h in self._live.items() if rid.startswith(prefix)}

@@ -123,7 +123,8 @@ def test_a_hanging_constructor_keeps_the_old_version_serving_and_says_so(rollout
     with Load(url(rollout)) as load:
         send(rollout, picky({"greeting": "hello again"}) | {"args": {"hang_s": 3600}})
         status = wait_for(rollout, lambda s: any(
-            r["state"] == "STARTING" and r["message"].startswith("starting for")
+            r["state"] == "STARTING" and r["message"].startswith(
+                "constructor and first health check running for")
             for r in dep_status(s, APP, DEP)["replicas"]), what="a STARTING replica explained")
         serving = {r["replica_id"] for r in dep_status(status, APP, DEP)["replicas"]
                    if r["state"] == "RUNNING"}

@@ -57,6 +57,7 @@ class FakeReplicaClient:
         self._outcomes: dict[tuple[str, str | None], Any] = {}
         self._held: dict[tuple[str, str], asyncio.Future] = {}
         self._watches: dict[str, asyncio.Future] = {}  # replica id -> pending death watch
+        self.phases: dict[str, str] = {}  # replica id -> what start_phase says
 
     # ---- test controls --------------------------------------------------------------
     @property
@@ -118,6 +119,9 @@ class FakeReplicaClient:
         handle = FakeHandle(rid, init, spec, self.node_id, init.rank, init.user_config)
         self.handles[rid] = handle
         return handle
+
+    def start_phase(self, handle: FakeHandle) -> str:
+        return self.phases.get(handle.replica_id, "")
 
     def find(self, app: str, deployment: str) -> dict[str, FakeHandle]:
         prefix = f"{app}#{deployment}#"

@@ -65,8 +65,9 @@ def test_a_slow_start_says_how_long_and_a_timed_out_one_says_what_it_was_doing()
         await shard.advance(12.0)
         [replica] = shard.replicas()
         assert replica["state"] == "STARTING"
-        assert replica["message"].startswith("starting for 12s (placement, constructor, "
-                                             "first health check; gives up after 60s")
+        assert replica["message"] == "starting for 12s (gives up after 60s and retries)"
+        shard.client.phases[replica["replica_id"]] = "waiting for Ray to place it"
+        assert shard.replicas()[0]["message"].startswith("waiting for Ray to place it for 12s")
         shard.client.fail("initialize", replica["replica_id"], asyncio.TimeoutError())
         await shard.step(2)
         message = shard.status()["message"]

@@ -24,7 +24,7 @@ def _shape(function) -> tuple[bool, list[str]]:
 def test_the_protocol_declares_the_shards_calls() -> None:
     assert {"create", "initialize", "check_health", "wait_until_stopped", "reconfigure",
             "update_rank", "update_health_timings", "stop", "kill", "find",
-            "describe"} == set(METHODS)
+            "describe", "start_phase"} == set(METHODS)
 
 
 @pytest.mark.parametrize("client", [RayReplicaClient, FakeReplicaClient, SimReplicaClient])
