@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
 from controlplane.config import AutoscalingConfig
 from controlplane.config_rollout import ConfigRollout
+from controlplane.deployment_report import deployment_report
 from controlplane.health.health_gate import ProbeOutcome
 from controlplane.health.health_stats import HealthTotals
 from controlplane.health.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
@@ -38,7 +39,6 @@ from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, 
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
                                     StartReplica, StopReplica, plan)
-from controlplane.deployment_report import deployment_report
 from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec, stable_hash
@@ -70,6 +70,8 @@ class DeploymentState:
         self.config = ConfigRollout((spec.user_config, spec.user_config_version))
         self.rollout = VersionRollout(spec)
         self._proving: dict[str, float] = {}  # new-version replica id -> end of its proving
+        self._proving_until = 0.0  # the latest of those ends
+        self._on_target = True  # at the last plan: every active replica runs the target code
         self.health_totals = totals if totals is not None else HealthTotals()
         period = spec.health_check_period_s
         self.health = DeploymentHealth(
@@ -150,7 +152,13 @@ class DeploymentState:
             self._autoscale(now)
         if self._dirty:
             self._dirty = False
-            self._act(plan(self.snapshot(now)), now)
+            snapshot = self.snapshot(now)
+            self._on_target = all(r.version == snapshot.target_version for r in
+                                  snapshot.replicas if r.state in ACTIVE_STATES)
+            self._act(plan(snapshot), now)
+        if self.rollout.rolling and self._on_target and now >= self._proving_until:
+            self.rollout = self.rollout.settled()  # proven: later failures are ordinary
+            self._proving.clear()
         self._act_health(self.health.tick(now), now)
         for replica_id, _old, new in run_consistency_pass(self.rank_gate, self.ranks,
                                                           self.replicas, now):
@@ -333,6 +341,7 @@ class DeploymentState:
             # failures that begin within the proving periods, once the threshold is reached
             periods = self.settings.rollout_proving_periods + self.settings.unhealthy_threshold
             self._proving[replica_id] = now + periods * self.spec.health_check_period_s
+            self._proving_until = max(self._proving_until, self._proving[replica_id])
         self.health.note_capacity(self.replicas.count(ReplicaState.RUNNING), self.target_replicas)
         self.health.watch(replica_id, now)
         return True

@@ -52,6 +52,10 @@ class VersionRollout:
             return VersionRollout(spec)
         return VersionRollout(spec, fallback=serving)
 
+    def settled(self) -> VersionRollout:
+        """Every replica runs the target and proved itself: nothing to roll back to now."""
+        return VersionRollout(self.target) if self.rolling else self
+
     def with_failure(self, message: str) -> VersionRollout:
         """Roll back (when there is something to roll back to)."""
         return replace(self, failed=message) if self.rolling else self

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import urllib.error
+from collections import Counter
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ class Kill:
     sent: int = 0
     recovered_s: float | None = None
     replicas_restarted: int = 0
+    failures: str = ""  # what the failed requests saw: "ConnectionResetError x2, 502 x1"
 
 
 class Load:
@@ -69,10 +71,13 @@ class Load:
             with self._lock:
                 self.results.append((time.monotonic(), ok, why))
 
-    def between(self, start: float, end: float) -> tuple[int, int]:
+    def between(self, start: float, end: float) -> tuple[int, int, str]:
+        """(sent, failed, what the failures were) for requests answered in the window."""
         with self._lock:
-            window = [ok for t, ok, _ in self.results if start <= t < end]
-        return len(window), window.count(False)
+            window = [(ok, why) for t, ok, why in self.results if start <= t < end]
+        failures = Counter(why for ok, why in window if not ok)
+        return (len(window), sum(failures.values()),
+                ", ".join(f"{why} x{n}" for why, n in failures.most_common()))
 
 
 def _get() -> tuple[bool, str]:
@@ -149,10 +154,10 @@ def run(duration_s: float, rate: float, seed: int, every_s: float) -> list[Kill]
             t0 = started + kill.at_s
             kill.recovered_s = time.monotonic() - t0 if _all_running(60) else None
             time.sleep(1.0)  # requests sent right after recovery still count
-            kill.sent, kill.failed = load.between(t0, time.monotonic())
+            kill.sent, kill.failed, kill.failures = load.between(t0, time.monotonic())
             kill.replicas_restarted = _restarted(kill)
             print(f"  {kill.kind:10s} {kill.name[:44]:44s} failed {kill.failed}/{kill.sent}"
-                  f" recovered in {kill.recovered_s}")
+                  f" ({kill.failures or 'none'}) recovered in {kill.recovered_s}")
     finally:
         load.stop()
         runner.send_signal(signal.SIGINT)

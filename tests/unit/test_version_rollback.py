@@ -56,6 +56,23 @@ def test_unhealthy_after_the_proving_window_is_an_ordinary_replacement():
     run(scenario)
 
 
+def test_a_proven_rollout_settles_and_a_later_replacement_cannot_roll_it_back():
+    async def scenario():
+        shard = Shard()
+        new = await rolled_to_v2(shard)
+        settings = shard.settings.shard
+        await shard.advance(PERIOD * (settings.rollout_proving_periods
+                                      + settings.unhealthy_threshold) + 1)
+        shard.client.crash(new[0])  # replaced by a v2 replica, which then turns unhealthy
+        await shard.step(4)
+        [fresh] = set(r["replica_id"] for r in shard.replicas()) - set(new)
+        push(shard, fresh, healthy=False, failures=settings.unhealthy_threshold)
+        await shard.step(6)
+        assert versions(shard) == Counter({("v2", "RUNNING"): 2})
+        assert shard.status()["status"] == "HEALTHY"
+    run(scenario)
+
+
 def test_a_new_version_that_cannot_start_rolls_back_and_replaces_old_deaths():
     async def scenario():
         shard = Shard()
