@@ -86,6 +86,13 @@ class HTTPOptions(BaseModel):
     proxies_per_node: int = Field(
         2, ge=1, le=8, description="Proxy actors sharing the port on each node (SO_REUSEPORT): "
         "while one restarts, the others keep serving.")
+    ingress: Literal["proxy", "haproxy"] = Field(
+        "proxy", description="proxy: every request through the proxy actors; haproxy: a real "
+        "HAProxy per node in front of replicas that serve HTTP themselves.")
+    deregistration_window_s: float = Field(
+        2.0, ge=0, le=300, allow_inf_nan=False,
+        description="haproxy mode: how long a leaving replica stays reachable after HAProxy "
+        "stopped sending it new requests.")
 
 
 class ControllerOptions(BaseModel):

@@ -34,7 +34,7 @@ from controlplane.long_poll import LongPollHost
 from controlplane.proxy_fleet import ProxyFleet
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.shard import ControllerShard
-from controlplane.specs import DeploymentId, DeploymentSpec, shard_of
+from controlplane.specs import DeploymentId, DeploymentSpec, shard_of, with_direct_ingress
 from controlplane.status import assemble_status
 from controlplane.supervision import Supervisor, restarted_by_ray
 from controlplane.wire import ROUTES_KEY, RoutesUpdate
@@ -113,6 +113,7 @@ class Controller:
     async def _commit(self, normalized: dict, specs: list[DeploymentSpec],
                       checkpoint: bool = False) -> dict:
         num_shards = normalized["controller_options"]["num_shards"]
+        specs = with_direct_ingress(specs, normalized["http_options"])
         await self._proxies.ensure(normalized["http_options"])  # raises: nothing changed
         if checkpoint:
             # The built specs are checkpointed, not only the config: a restarted controller
@@ -198,6 +199,10 @@ class Controller:
         status = assemble_status(self._config, shard_status, self._generation)
         self._explain_placement(status)
         status["controller"]["proxies"] = self._proxies.addresses()
+        ingress = (self._config or {}).get("http_options", {}).get("ingress", "proxy")
+        status["controller"]["ingress"] = ingress
+        if ingress == "haproxy":
+            status["controller"]["haproxy"] = await self._proxies.describe()
         status["controller"]["actors"] = {
             "controller": {"alive": True, "restarts": self._restarts,
                            "last_restart_reason": "its process died; Ray restarted it"

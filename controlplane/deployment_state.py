@@ -308,7 +308,7 @@ class DeploymentState:
             replica_id=found.replica_id, state=ReplicaState.RUNNING,
             version=found.code_version, rank=self.ranks.adopt(found.replica_id, found.rank),
             started_at=now, actor_name=actor_name, actor_id=found.actor_id,
-            node_id=found.node_id))
+            node_id=found.node_id, http_address=found.http_address))
         config = (found.user_config, stable_hash(found.user_config))
         self._config_versions[found.replica_id] = config[1]
         self.config = self.config.with_adopted(config)
@@ -333,7 +333,7 @@ class DeploymentState:
         replica moved on meanwhile (the start is then ignored)."""
         if self.transition(replica_id, ReplicaEvent.STARTED, expect=ReplicaState.STARTING,
                            actor_id=info.get("actor_id"), node_id=info.get("node_id"),
-                           message="") is None:
+                           http_address=info.get("http_address"), message="") is None:
             return False
         self.backoff = self.backoff.with_started()
         if self.rollout.rolling and self.replicas.get(replica_id).version == \
@@ -428,7 +428,8 @@ class DeploymentState:
         serving = [self.replicas.get(i) for i in sorted(self.replicas.running_ids())]
         backpressure = spec.backpressure_config
         return RoutingUpdate(
-            replicas=tuple(ReplicaInfo(r.replica_id, r.actor_name, r.node_id) for r in serving),
+            replicas=tuple(ReplicaInfo(r.replica_id, r.actor_name, r.node_id, r.http_address)
+                           for r in serving),
             max_ongoing_requests=spec.max_ongoing_requests,
             max_queued_requests=spec.max_queued_requests,
             status_code=int(backpressure.get("status_code", 503)),

@@ -42,7 +42,7 @@ class ProxyFleet:
                 f"requested: {http_options}); keep them or run `fleetplane shutdown` first")
         nodes = [n["NodeID"] for n in ray.nodes()
                  if n["Alive"] and n["NodeID"] not in self._proxies]
-        listeners = http_options.get("proxies_per_node", 1)
+        listeners = _listeners(http_options)
         started: dict[str, list[Any]] = {node: [] for node in nodes}
         created: list[Any] = []
         for indexes in ([0], range(1, listeners)):  # the port checked free, then shared
@@ -66,10 +66,13 @@ class ProxyFleet:
             return ray.get_actor(name, namespace=self._settings.namespace), False
         except ValueError:
             pass
-        from controlplane.proxy import Proxy
+        if http_options.get("ingress") == "haproxy":
+            from controlplane.haproxy.ingress import HAProxyIngress as actor_class
+        else:
+            from controlplane.proxy import Proxy as actor_class
 
-        listeners = http_options.get("proxies_per_node", 1)
-        return ray.remote(Proxy).options(
+        listeners = _listeners(http_options)
+        return ray.remote(actor_class).options(
             name=name, namespace=self._settings.namespace,
             lifetime="detached", num_cpus=0, max_concurrency=100_000, get_if_exists=True,
             max_restarts=-1,
@@ -90,9 +93,28 @@ class ProxyFleet:
         cause = getattr(error, "cause", None) or error
         raise DeployRejected(f"the HTTP proxy on node {node[:12]} could not start: {cause}")
 
+    async def describe(self) -> list[dict]:
+        """Per node, what its ingress says of itself (haproxy mode: address, pid,
+        workers); a node whose actor does not answer within 2 s says so."""
+        nodes = list(self._proxies)
+        answers = await asyncio.gather(
+            *(asyncio.wait_for(self._proxies[n][0].describe.remote(), 2.0) for n in nodes),
+            return_exceptions=True)
+        return [{"node_id": n, **(a if isinstance(a, dict) else
+                                  {"error": f"{type(a).__name__}: not answering"})}
+                for n, a in zip(nodes, answers)]
+
     async def shutdown(self) -> None:
         proxies = [p for listeners in self._proxies.values() for p in listeners]
         await asyncio.gather(*(p.shutdown.remote() for p in proxies), return_exceptions=True)
         for proxy in proxies:
             ray.kill(proxy, no_restart=True)
         self._proxies, self._http = {}, None
+
+
+def _listeners(http_options: dict) -> int:
+    """Proxies per node; one HAProxy manager per node in haproxy mode (HAProxy's own
+    master keeps its workers)."""
+    if http_options.get("ingress") == "haproxy":
+        return 1
+    return http_options.get("proxies_per_node", 1)

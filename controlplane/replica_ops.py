@@ -79,7 +79,8 @@ class ReplicaOps:
             drain_min_s=self._drain_min_s,
             health_check_period_s=spec.health_check_period_s,
             health_check_timeout_s=spec.health_check_timeout_s,
-            unhealthy_threshold=d.settings.unhealthy_threshold)
+            unhealthy_threshold=d.settings.unhealthy_threshold,
+            direct_ingress=spec.direct_ingress)
 
     async def _wait_started(self, replica_id: str, handle: Any) -> None:
         d = self._d

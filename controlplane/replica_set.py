@@ -48,6 +48,7 @@ class ReplicaRecord:
     node_id: str | None = None  # idem
     started_at: float = 0.0
     message: str = ""  # last error / reason, for status
+    http_address: str | None = None  # its direct ingress (haproxy mode), once started
 
     def with_state(self, state: ReplicaState, **changes: object) -> ReplicaRecord:
         return dataclasses.replace(self, state=state, **changes)

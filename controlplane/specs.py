@@ -9,10 +9,13 @@ can change in place (num_replicas, user_config, limits, health timings) are not 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from controlplane.wire import DirectIngressInit
 
 # Built-in defaults, the same as Ray Serve 2.60's where Serve has the field.
 DEPLOYMENT_DEFAULTS: Mapping[str, Any] = {
@@ -59,6 +62,8 @@ class DeploymentSpec:
     ray_actor_options: Mapping[str, Any]
     route_prefix: str | None = None
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    # haproxy mode, ingress deployments: serve HTTP on the replica (set at commit)
+    direct_ingress: DirectIngressInit | None = None
 
     @property
     def user_config_version(self) -> str:
@@ -76,3 +81,22 @@ def shard_of(dep_id: DeploymentId, num_shards: int) -> int:
     """Stable owner shard of a deployment (Python's hash() is salted per process)."""
     digest = hashlib.blake2b(str(dep_id).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % num_shards
+
+
+def with_direct_ingress(specs: list[DeploymentSpec], http_options: dict) -> list[DeploymentSpec]:
+    """In haproxy mode, each application's ingress deployment serves HTTP on its replicas
+    (``DirectIngressInit``); in proxy mode, none does. Idempotent."""
+    haproxy = http_options.get("ingress") == "haproxy"
+    out = []
+    for spec in specs:
+        direct = None
+        if haproxy and spec.ingress and spec.route_prefix is not None:
+            bp = spec.backpressure_config
+            direct = DirectIngressInit(
+                host=http_options["host"], route_prefix=spec.route_prefix,
+                max_queued_requests=spec.max_queued_requests,
+                status_code=int(bp.get("status_code", 503)),
+                retry_after_s=bp.get("retry_after_s"),
+                deregistration_window_s=http_options.get("deregistration_window_s", 2.0))
+        out.append(dataclasses.replace(spec, direct_ingress=direct))
+    return out

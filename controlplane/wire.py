@@ -33,6 +33,19 @@ REPLICA_ACTOR_CLASS = "replicas.replica:Replica"
 
 
 @dataclass(frozen=True)
+class DirectIngressInit:
+    """An ingress replica in ``http_options.ingress: haproxy`` mode serves HTTP itself,
+    on an ephemeral port of ``host``, behind its node's HAProxy."""
+
+    host: str
+    route_prefix: str
+    max_queued_requests: int = -1
+    status_code: int = 503  # a backpressure rejection's status
+    retry_after_s: float | None = None
+    deregistration_window_s: float = 2.0  # reachable after HAProxy stopped sending it work
+
+
+@dataclass(frozen=True)
 class ReplicaInit:
     """Everything a replica needs to construct the user's code and report to its shard."""
 
@@ -52,6 +65,7 @@ class ReplicaInit:
     health_check_timeout_s: float = 30.0
     unhealthy_threshold: int = 3
     drain_min_s: float = 1.0  # ReplicaSettings.drain_min_s
+    direct_ingress: DirectIngressInit | None = None  # haproxy mode, ingress deployments
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,7 @@ class ReplicaDescription:
     stopping: bool  # the previous shard already asked it to stop
     healthy: bool
     message: str = ""  # why the fresh check failed
+    http_address: str | None = None  # its direct ingress, in haproxy mode
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,7 @@ class ReplicaInfo:
     replica_id: str
     actor_name: str
     node_id: str | None = None
+    http_address: str | None = None  # "host:port" of its direct ingress (haproxy mode)
 
 
 @dataclass(frozen=True)

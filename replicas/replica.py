@@ -22,11 +22,13 @@ import ray
 import ray.cloudpickle as cloudpickle
 
 from controlplane.clock import SystemClock
+from controlplane.routing.asgi import respond
 from controlplane.routing.handles import DeploymentHandle, HandleRuntime
 from controlplane.settings import Settings
 from controlplane.wire import (DeploymentRef, HTTPRequestData, MetricReport, PushedHealth,
                                ReplicaDescription, ReplicaInit)
 from replicas.context import ReplicaContext, set_replica_context
+from replicas.direct_ingress import DirectIngress, DirectIngressApp
 from replicas.http_adapter import is_streaming, response_parts, to_starlette, unary_response
 from replicas.replica_health import ReplicaHealth
 from replicas.self_health import HealthCheckFailed
@@ -51,6 +53,7 @@ class Replica:
         self._reporter: asyncio.Task | None = None
         self._clock = SystemClock()
         self._health: ReplicaHealth | None = None  # once initialize constructed the user's code
+        self._ingress: DirectIngress | None = None  # haproxy mode: its own HTTP listener
         self._stopped = asyncio.Event()  # set when the shard asked this replica to stop
         self._streams: dict[int, tuple[Any, contextlib.AsyncExitStack]] = {}
         self._stream_ids = itertools.count()
@@ -73,7 +76,36 @@ class Replica:
         await self._health.start()  # a failing fresh check fails initialization
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever(shard))
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id(), "pid": os.getpid()}
+        return {"node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id(), "pid": os.getpid(),
+                "http_address": await self._start_ingress()}
+
+    async def _start_ingress(self) -> str | None:
+        """Haproxy mode: listen for HTTP on an ephemeral port; the address goes to the
+        shard, which publishes it to the nodes' HAProxies."""
+        config = self._init.direct_ingress
+        if config is None:
+            return None
+        app = DirectIngressApp(config, self._serve_direct, self.get_queue_len,
+                               self._init.max_ongoing_requests,
+                               healthy=lambda: self._health is not None and self._health.healthy)
+        self._ingress = DirectIngress(app, config.host)
+        return await self._ingress.start()
+
+    async def _serve_direct(self, data: HTTPRequestData, send: Any) -> None:
+        """One direct-ingress request: the user's code in a slot, the response sent as it
+        is produced; the user's exception is a 500 with its message."""
+        async with self._slot():
+            try:
+                result = await self._user.call("__call__", (to_starlette(data),), {})
+                parts = response_parts(result)
+                head = await parts.__anext__()
+            except Exception as e:
+                await respond(send, 500, f"the deployment raised {type(e).__name__}: {e}")
+                return
+            await send({"type": "http.response.start", **head})
+            async for chunk in parts:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
 
     def _make_health(self, shard: Any) -> ReplicaHealth:
         i = self._init
@@ -133,7 +165,8 @@ class Replica:
             replica_id=i.replica_id, rank=self._rank, code_version=i.code_version,
             user_config=self._user_config, actor_id=ctx.get_actor_id(),
             node_id=ctx.get_node_id(), initialized=self._health is not None,
-            stopping=self._stopped.is_set(), healthy=healthy, message=message)
+            stopping=self._stopped.is_set(), healthy=healthy, message=message,
+            http_address=self._ingress.address if self._ingress is not None else None)
 
     async def update_rank(self, rank: int) -> None:
         self._rank = rank
@@ -211,7 +244,16 @@ class Replica:
         self._stopped.set()
         if self._health is not None:
             self._health.stop()
-        await asyncio.sleep(min(self._init.drain_min_s, timeout_s))
+        if self._ingress is not None:
+            # Phase 1 (haproxy mode): HAProxy was told to stop sending work here (drain,
+            # then maint, in every worker); stay reachable for the deregistration window.
+            # Phase 2: close the listener (a stale worker's late connection is refused and
+            # retried elsewhere), then count in-flight requests at once.
+            window = self._init.direct_ingress.deregistration_window_s
+            await asyncio.sleep(min(window, timeout_s))
+            self._ingress.close()
+        else:
+            await asyncio.sleep(min(self._init.drain_min_s, timeout_s))
         try:
             await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - self._clock.monotonic()))
         except asyncio.TimeoutError:

@@ -79,6 +79,11 @@ class ReplicaHealth:
         """The newest result for a metric report; None before any check completed."""
         return to_pushed(self._self.snapshot())
 
+    @property
+    def healthy(self) -> bool:
+        """The newest result (True before the first one)."""
+        return self._self.snapshot().healthy
+
     def report_sent(self) -> None:
         """A metric report carrying ``for_report()`` was sent just now."""
         self._pusher.on_report_sent(self._self.snapshot(), self._clock.monotonic())

@@ -1,0 +1,106 @@
+"""haproxy.cfg for one node (pure): a frontend on ``http_options``, one backend per
+application route, servers added at run time (dynamic servers, no reload per replica).
+
+- master-worker mode; each worker exposes the runtime API on the stats socket (reached
+  through the master CLI, current and old workers alike);
+- ``retry-on conn-failure empty-response`` with ``option redispatch 1``: a connection a
+  leaving replica refuses, or a replica that died before answering, is retried on another;
+- ``option httpchk GET /-/healthz`` on every server; ``maxconn`` per server is set when a
+  server is added (``max_ongoing_requests``);
+- a server-state file keeps ``drain``/``maint`` across reloads;
+- ``/-/healthz`` and ``/-/routes`` answered by HAProxy itself; an unknown path is a 404.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def backend_name(deployment_key: str) -> str:
+    """A stable HAProxy identifier for "app/deployment" (its chars are restricted)."""
+    safe = "".join(c if c.isalnum() else "_" for c in deployment_key)[:40]
+    return f"be_{safe}_{hashlib.sha1(deployment_key.encode()).hexdigest()[:8]}"
+
+
+def server_name(replica_id: str) -> str:
+    safe = "".join(c if c.isalnum() else "_" for c in replica_id)[:48]
+    return f"{safe}_{hashlib.sha1(replica_id.encode()).hexdigest()[:6]}"
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "haproxy.cfg"
+
+    @property
+    def master_socket(self) -> Path:
+        return self.root / "master.sock"
+
+    @property
+    def worker_socket(self) -> Path:
+        return self.root / "worker.sock"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "server-state"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "haproxy.pid"
+
+
+def render(paths: Paths, host: str, port: int, routes: dict[str, str],
+           timeout_server_s: float = 300.0) -> str:
+    """``routes``: route prefix -> "app/deployment" of the application's ingress."""
+    lines = [
+        "global",
+        "    master-worker",
+        f"    stats socket {paths.worker_socket} mode 600 level admin expose-fd listeners",
+        f"    server-state-file {paths.state_file}",
+        "    hard-stop-after 10m",
+        "    log stderr format raw local0 warning",
+        "defaults",
+        "    mode http",
+        "    log global",
+        "    timeout connect 2s",
+        "    timeout client 120s",
+        f"    timeout server {int(timeout_server_s)}s",
+        "    timeout http-request 30s",
+        "    retries 3",
+        "    option redispatch 1",
+        "    retry-on conn-failure empty-response",
+        "    load-server-state-from-file global",
+        "frontend fleetplane",
+        f"    bind {host}:{port}",
+        "    http-request return status 200 content-type text/plain string success "
+        "if { path /-/healthz }",
+        "    http-request return status 200 content-type application/json "
+        f"string {_quoted(json.dumps(routes, sort_keys=True))} if {{ path /-/routes }}",
+    ]
+    # Longest prefix first, at a segment boundary, as the proxy matches.
+    for prefix, key in sorted(routes.items(), key=lambda item: -len(item[0])):
+        backend = backend_name(key)
+        if prefix == "/":
+            lines.append(f"    use_backend {backend}")
+            continue
+        lines.append(f"    use_backend {backend} if {{ path {prefix} }} || "
+                     f"{{ path_beg {prefix}/ }}")
+    lines.append("    default_backend be_no_route")
+    for key in sorted(set(routes.values())):
+        lines += [f"backend {backend_name(key)}", "    balance leastconn",
+                  "    option httpchk GET /-/healthz",
+                  "    default-server inter 1s fall 2 rise 1"]
+    lines += ["backend be_no_route",
+              "    http-request return status 404 content-type text/plain "
+              "string \"no route\""]
+    return "\n".join(lines) + "\n"
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,179 @@
+"""The per-node Ray actor of the ``haproxy`` ingress mode.
+
+It runs the node's HAProxy (``process``), follows routes and replica sets with the same
+long-polls as a proxy (``RoutingSubscriber``), and keeps HAProxy's servers equal to the
+RUNNING replicas' direct-ingress addresses through the runtime API (``membership``): a
+scale event needs no reload; a route change reloads through the master CLI. A replica
+that leaves is put in ``drain`` then ``maint`` in every worker, old ones included.
+
+Supervised like a proxy (the controller's watch, ``max_restarts=-1``). HAProxy runs in a
+process session of its own, so when this actor dies its HAProxy keeps serving; the
+restarted actor adopts it (same master socket) and re-reads its servers. A crashed
+HAProxy is started again with the current membership.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import ray
+
+from controlplane.haproxy import membership
+from controlplane.haproxy.config import Paths, render
+from controlplane.haproxy.process import HAProxyProcess
+from controlplane.routing.subscriber import RoutingSubscriber
+from controlplane.settings import Settings
+from controlplane.wire import RoutesUpdate, RoutingUpdate
+
+logger = logging.getLogger(__name__)
+_SWEEP_S = 1.0  # crash check and deletion of servers that left
+
+
+def runtime_dir(namespace: str, node_id: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"fleetplane-{os.getuid()}" / namespace / \
+        f"haproxy-{node_id[:12]}"
+
+
+class HAProxyIngress:
+    """Same constructor as ``Proxy``, so the proxy fleet starts either."""
+
+    def __init__(self, settings: dict, http_options: dict, index: int = 0,
+                 listeners: int = 1, exclusive: bool = True) -> None:
+        self._settings = Settings.from_dict(settings)
+        self._http = http_options
+        node_id = ray.get_runtime_context().get_node_id()
+        self._process = HAProxyProcess(Paths(runtime_dir(self._settings.namespace, node_id)))
+        self._routes: dict[str, str] | None = None  # prefix -> deployment key
+        self._deployments: dict[str, RoutingUpdate] = {}
+        self._servers: membership.Servers = {}  # what the current worker has
+        self._leaving: set[tuple[str, str]] = set()  # in maint, to delete once idle
+        self._changed = asyncio.Event()
+        self._subscriber: RoutingSubscriber | None = None
+        self._task: asyncio.Task | None = None
+        self._stopped = asyncio.Event()
+
+    async def ready(self) -> str:
+        if self._task is None:
+            await asyncio.to_thread(self._start)
+            self._subscriber = RoutingSubscriber(self._settings, self._on_deployment,
+                                                 self._on_routes)
+            self._subscriber.start()
+            self._task = asyncio.get_running_loop().create_task(self._sync_forever())
+        return f"http://{self._http['host']}:{self._http['port']}"
+
+    def _start(self) -> None:
+        if self._process.adopt():
+            self._servers = self._process.servers()
+            logger.info("adopted the running HAProxy (pid %s) with %d backend(s)",
+                        self._process.pid, len(self._servers))
+            return
+        self._process.start(self._config())
+        self._servers = {}
+
+    def _config(self) -> str:
+        return render(self._process.paths, self._http["host"], self._http["port"],
+                      self._routes or {})
+
+    # ---- desired state, from the long-polls ------------------------------------------
+    def _on_routes(self, update: RoutesUpdate) -> None:
+        self._routes = dict(update.routes)
+        self._changed.set()
+
+    def _on_deployment(self, key: str, update: RoutingUpdate | None) -> None:
+        if update is None:
+            self._deployments.pop(key, None)
+        else:
+            self._deployments[key] = update
+        self._changed.set()
+
+    # ---- applying it -----------------------------------------------------------------
+    async def _sync_forever(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                await asyncio.wait_for(self._changed.wait(), _SWEEP_S)
+            except asyncio.TimeoutError:
+                pass
+            self._changed.clear()
+            try:
+                await asyncio.to_thread(self._sync)
+            except Exception:
+                logger.exception("HAProxy membership update failed; retrying")
+                self._changed.set()
+                await asyncio.sleep(0.5)
+
+    def _sync(self) -> None:
+        if not self._process.alive():
+            logger.warning("HAProxy is not running; starting it with the current membership")
+            self._process.start(self._config())
+            self._servers = {}
+        if self._routes is not None and self._config() != _read(self._process.paths.config):
+            self._process.reload(self._config())  # the new worker starts with no server
+            self._servers = {}
+        self._apply(membership.diff(self._servers, self._desired()))
+        self._sweep()
+
+    def _desired(self) -> membership.Servers:
+        keys = set((self._routes or {}).values())
+        return membership.desired_servers({
+            key: [(r.replica_id, r.http_address) for r in update.replicas if r.http_address]
+            for key, update in self._deployments.items() if key in keys})
+
+    def _apply(self, plan: membership.Plan) -> None:
+        workers = self._process.workers()
+        current = [w for w in workers if w.reloads == 0]
+        for backend, server in plan.removed:  # phase 1: every worker, old ones too
+            for worker in workers:
+                for command in membership.leave_commands(backend, server):
+                    self._process.on_worker(worker, command)
+            self._servers.get(backend, {}).pop(server, None)
+            self._leaving.add((backend, server))
+        maxconn = {membership.backend_name(k): u.max_ongoing_requests
+                   for k, u in self._deployments.items()}
+        for backend, server, address in plan.added:
+            for worker in current:
+                for command in membership.add_commands(backend, server, address,
+                                                       maxconn.get(backend, 1)):
+                    answer = self._process.on_worker(worker, command).strip()
+                    if answer and "registered" not in answer:
+                        logger.warning("HAProxy: %s: %s", command, answer)
+            self._servers.setdefault(backend, {})[server] = address
+            self._leaving.discard((backend, server))
+
+    def _sweep(self) -> None:
+        """Delete servers that left, once HAProxy lets go of them (no connection left)."""
+        current = [w for w in self._process.workers() if w.reloads == 0]
+        for backend, server in sorted(self._leaving):
+            answers = [self._process.on_worker(w, membership.delete_command(backend, server))
+                       for w in current]
+            if all("deleted" in a or "No such" in a for a in answers):
+                self._leaving.discard((backend, server))
+
+    # ---- status and lifecycle --------------------------------------------------------
+    async def describe(self) -> dict:
+        workers = await asyncio.to_thread(self._process.workers)
+        return {"address": f"{self._http['host']}:{self._http['port']}",
+                "pid": self._process.pid, "workers": len(workers),
+                "servers": sum(len(s) for s in self._servers.values())}
+
+    async def metrics_text(self) -> str:
+        return ""
+
+    async def wait_until_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def shutdown(self) -> None:
+        self._stopped.set()
+        if self._subscriber is not None:
+            self._subscriber.stop()
+        await asyncio.to_thread(self._process.stop)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,51 @@
+"""Replica-set changes as HAProxy runtime-API commands (pure).
+
+A server joins: added (dynamic servers start in maint), health checks enabled, enabled.
+A server leaves: ``drain`` then ``maint`` in every worker, current and old, before the
+replica closes its listener (phase 1 of the two-phase shutdown); deleted later, once it
+has no connection left. Servers are named by replica id; a backend is a deployment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.haproxy.config import backend_name, server_name
+
+Servers = dict[str, dict[str, str]]  # backend -> server -> "host:port"
+
+
+@dataclass(frozen=True)
+class Plan:
+    added: list[tuple[str, str, str]]  # (backend, server, address)
+    removed: list[tuple[str, str]]  # (backend, server)
+
+
+def desired_servers(deployments: dict[str, list[tuple[str, str]]]) -> Servers:
+    """deployment key -> [(replica id, address)] as backend -> server -> address."""
+    return {backend_name(key): {server_name(rid): addr for rid, addr in replicas}
+            for key, replicas in deployments.items()}
+
+
+def diff(current: Servers, desired: Servers) -> Plan:
+    added, removed = [], []
+    for backend in sorted(set(current) | set(desired)):
+        have, want = current.get(backend, {}), desired.get(backend, {})
+        added += [(backend, s, want[s]) for s in sorted(want) if have.get(s) != want[s]]
+        removed += [(backend, s) for s in sorted(have) if s not in want or have[s] != want[s]]
+    return Plan(added, removed)
+
+
+def add_commands(backend: str, server: str, address: str, maxconn: int) -> list[str]:
+    target = f"{backend}/{server}"
+    return [f"add server {target} {address} check maxconn {max(1, maxconn)}",
+            f"enable health {target}", f"enable server {target}"]
+
+
+def leave_commands(backend: str, server: str) -> list[str]:
+    target = f"{backend}/{server}"
+    return [f"set server {target} state drain", f"set server {target} state maint"]
+
+
+def delete_command(backend: str, server: str) -> str:
+    return f"del server {backend}/{server}"

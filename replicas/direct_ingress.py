@@ -1,0 +1,116 @@
+"""Direct ingress: a replica serving HTTP itself, behind its node's HAProxy.
+
+The same semantics as through the proxy: the route prefix (404 outside it), a Starlette
+``Request`` for user code, streamed responses, a user exception as a 500 with its
+message, backpressure (``max_ongoing_requests`` + ``max_queued_requests``) as the
+configured status with ``Retry-After``, and ``/-/healthz`` for HAProxy's checks (503 once
+the replica is leaving or unhealthy, so HAProxy stops choosing it).
+
+Shutdown is the replica's phase 2: ``close`` stops accepting (a late connection from a
+stale HAProxy worker is refused, and HAProxy retries it elsewhere) while the requests in
+flight finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+from typing import Any, Awaitable, Callable
+
+import uvicorn
+
+from controlplane.routing.asgi import respond
+from controlplane.wire import DirectIngressInit, HTTPRequestData
+
+logger = logging.getLogger(__name__)
+
+Serve = Callable[[HTTPRequestData, Any], Awaitable[None]]
+
+
+def in_prefix(prefix: str, path: str) -> bool:
+    return prefix == "/" or path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+class DirectIngressApp:
+    """The ASGI app; ``serve(data, send)`` runs the request on the replica (its slot)."""
+
+    def __init__(self, config: DirectIngressInit, serve: Serve, load: Callable[[], int],
+                 capacity: int, healthy: Callable[[], bool]) -> None:
+        self._config, self._serve, self._load = config, serve, load
+        self._capacity, self._healthy = capacity, healthy
+        self.leaving = False
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/-/healthz":
+            ok = self._healthy() and not self.leaving
+            await respond(send, 200 if ok else 503, b"success" if ok else b"leaving")
+        elif not in_prefix(self._config.route_prefix, path):
+            await respond(send, 404, f"no route for {path}".encode())
+        elif self._full():
+            await self._reject(send)
+        else:
+            body = await _read_body(receive)
+            if body is None:
+                return
+            await self._serve(HTTPRequestData(
+                method=scope["method"], path=path, query_string=scope["query_string"],
+                headers=list(scope["headers"]), body=body,
+                route_prefix=self._config.route_prefix,
+                client=tuple(scope["client"]) if scope.get("client") else None), send)
+
+    def _full(self) -> bool:
+        queued = self._config.max_queued_requests
+        return queued >= 0 and self._load() >= self._capacity + queued
+
+    async def _reject(self, send: Any) -> None:
+        retry = self._config.retry_after_s
+        headers = [(b"retry-after", str(math.ceil(retry)).encode())] if retry else []
+        await respond(send, self._config.status_code,
+                      b"the replica's queue is full; retry later", headers)
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+class DirectIngress:
+    """The listener: uvicorn on an ephemeral port, in the replica's event loop."""
+
+    def __init__(self, app: DirectIngressApp, host: str) -> None:
+        self.app, self._host = app, host
+        self._server: uvicorn.Server | None = None
+        self._serving: asyncio.Task | None = None
+        self.address = ""
+
+    async def start(self) -> str:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((self._host, 0))
+        self.address = f"{self._host}:{sock.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(
+            self.app, log_level="warning", lifespan="off", access_log=False,
+            timeout_keep_alive=30))
+        self._serving = asyncio.get_running_loop().create_task(
+            self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._serving.done():
+                raise RuntimeError(f"direct ingress stopped: {self._serving.exception()!r}")
+            await asyncio.sleep(0.01)
+        return self.address
+
+    def close(self) -> None:
+        """Stop accepting; requests in flight finish (uvicorn's graceful shutdown)."""
+        self.app.leaving = True
+        if self._server is not None:
+            self._server.should_exit = True

