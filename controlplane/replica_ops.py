@@ -37,8 +37,10 @@ _NAME_TRIES = 100  # names skipped when detached actors of an earlier shard stil
 class ReplicaOps:
     def __init__(self, state: DeploymentState, client: ReplicaClient, clock: Clock,
                  shard_name: str, namespace: str,
-                 replica_settings: ReplicaSettings = ReplicaSettings()) -> None:
+                 replica_settings: ReplicaSettings = ReplicaSettings(),
+                 ingress: Any = None) -> None:
         self._d = state
+        self._ingress = ingress  # haproxy mode: IngressDeregistrar (phase 1 of a stop)
         self._client = client
         self._clock = clock
         self._shard_name = shard_name
@@ -136,6 +138,8 @@ class ReplicaOps:
     async def _wait_stopped(self, replica_id: str, handle: Any) -> None:
         d = self._d
         try:
+            if handle is not None and d.spec.direct_ingress is not None and self._ingress:
+                await self._ingress.deregister(str(d.spec.id), replica_id)
             if handle is not None:
                 await self._client.stop(handle, d.spec.graceful_shutdown_timeout_s,
                                         d.settings.stop_grace_extra_s)

@@ -22,6 +22,7 @@ from typing import Any, Coroutine
 
 from controlplane.clock import Clock, SystemClock
 from controlplane.deployment_state import DeploymentState
+from controlplane.haproxy.deregister import IngressDeregistrar
 from controlplane.health.health_stats import HealthTotals
 from controlplane.long_poll import LongPollHost
 from controlplane.replica_client import RayReplicaClient, ReplicaClient
@@ -41,10 +42,11 @@ class ShardCore:
     """Everything a shard does, without Ray: the actor below only wires the real client."""
 
     def __init__(self, index: int, settings: Settings, client: ReplicaClient,
-                 clock: Clock) -> None:
+                 clock: Clock, ingress: Any = None) -> None:
         self.index = index
         self._settings = settings
         self._client = client
+        self._ingress = ingress  # haproxy mode's phase 1 of a stop (IngressDeregistrar)
         self._clock = clock
         self._deployments: dict[DeploymentId, DeploymentState] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -71,7 +73,7 @@ class ShardCore:
         return DeploymentState(
             spec, self._settings.shard, self._spawn,
             lambda d: ReplicaOps(d, self._client, self._clock, name, self._settings.namespace,
-                                 self._settings.replica),
+                                 self._settings.replica, self._ingress),
             totals=self.health_totals)
 
     def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
@@ -201,7 +203,8 @@ class ControllerShard:
 
     def __init__(self, index: int, settings: dict) -> None:
         parsed = Settings.from_dict(settings)
-        self._core = ShardCore(index, parsed, RayReplicaClient(parsed.namespace), SystemClock())
+        self._core = ShardCore(index, parsed, RayReplicaClient(parsed.namespace), SystemClock(),
+                               IngressDeregistrar(parsed.namespace))
         self._stopped = asyncio.Event()
 
     async def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:

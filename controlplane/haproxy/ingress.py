@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import ray
@@ -52,6 +53,7 @@ class HAProxyIngress:
         self._servers: membership.Servers = {}  # what the current worker has
         self._leaving: set[tuple[str, str]] = set()  # in maint, to delete once idle
         self._changed = asyncio.Event()
+        self._mutex = threading.Lock()  # _sync and deregister run in threads
         self._subscriber: RoutingSubscriber | None = None
         self._task: asyncio.Task | None = None
         self._stopped = asyncio.Event()
@@ -106,6 +108,10 @@ class HAProxyIngress:
                 await asyncio.sleep(0.5)
 
     def _sync(self) -> None:
+        with self._mutex:
+            self._sync_locked()
+
+    def _sync_locked(self) -> None:
         if not self._process.alive():
             logger.warning("HAProxy is not running; starting it with the current membership")
             self._process.start(self._config())
@@ -126,11 +132,7 @@ class HAProxyIngress:
         workers = self._process.workers()
         current = [w for w in workers if w.reloads == 0]
         for backend, server in plan.removed:  # phase 1: every worker, old ones too
-            for worker in workers:
-                for command in membership.leave_commands(backend, server):
-                    self._process.on_worker(worker, command)
-            self._servers.get(backend, {}).pop(server, None)
-            self._leaving.add((backend, server))
+            self._leave(backend, server, workers)
         maxconn = {membership.backend_name(k): u.max_ongoing_requests
                    for k, u in self._deployments.items()}
         for backend, server, address in plan.added:
@@ -142,6 +144,27 @@ class HAProxyIngress:
                         logger.warning("HAProxy: %s: %s", command, answer)
             self._servers.setdefault(backend, {})[server] = address
             self._leaving.discard((backend, server))
+
+    def _leave(self, backend: str, server: str, workers: list) -> None:
+        for worker in workers:
+            for command in membership.leave_commands(backend, server):
+                self._process.on_worker(worker, command)
+        self._servers.get(backend, {}).pop(server, None)
+        self._leaving.add((backend, server))
+
+    async def deregister(self, deployment: str, replica_id: str) -> bool:
+        """Phase 1, on the shard's request before it stops the replica: the server is in
+        drain, then maint, in every worker when this returns."""
+        backend = membership.backend_name(deployment)
+        server = membership.server_name(replica_id)
+
+        def leave() -> bool:
+            with self._mutex:
+                if server not in self._servers.get(backend, {}):
+                    return False
+                self._leave(backend, server, self._process.workers())
+                return True
+        return await asyncio.to_thread(leave)
 
     def _sweep(self) -> None:
         """Delete servers that left, once HAProxy lets go of them (no connection left)."""

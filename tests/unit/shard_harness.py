@@ -41,12 +41,12 @@ def make_spec(num_replicas: int = 3, code_version: str = "v1", user_config=None,
 class Shard:
     """ShardCore wired to fakes, with helpers to step the loop and read status."""
 
-    def __init__(self, **shard_settings) -> None:
+    def __init__(self, ingress=None, **shard_settings) -> None:
         self.settings = Settings(shard=ShardSettings(tick_interval_s=LOOP_PARKED_S,
                                                      **shard_settings))
         self.client = FakeReplicaClient()
         self.clock = loop_clock()
-        self.core = ShardCore(0, self.settings, self.client, self.clock)
+        self.core = ShardCore(0, self.settings, self.client, self.clock, ingress)
 
     async def step(self, ticks: int = 1) -> None:
         for _ in range(ticks):

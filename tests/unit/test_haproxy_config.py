@@ -1,0 +1,30 @@
+"""The rendered haproxy.cfg is valid for the real binary (``haproxy -c``, no server
+started) and routes as the proxy does."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.haproxy.config import Paths, backend_name, render
+from controlplane.haproxy.process import HAProxyProcess
+
+
+@pytest.mark.parametrize("routes", [{}, {"/web": "web/M", "/": "root/R", "/a/b": "ab/X"}])
+def test_haproxy_accepts_the_configuration(tmp_path, routes):
+    paths = Paths(tmp_path)
+    HAProxyProcess(paths).check(render(paths, "127.0.0.1", 18123, routes))
+
+
+def test_longest_prefix_first_at_segment_boundaries_and_a_404_default(tmp_path):
+    text = render(Paths(tmp_path), "127.0.0.1", 8000, {"/web": "web/M", "/web/v2": "v2/M"})
+    v2, web = text.index(backend_name("v2/M")), text.index(backend_name("web/M"))
+    assert v2 < web
+    assert f"use_backend {backend_name('web/M')} if {{ path /web }} || {{ path_beg /web/ }}" \
+        in text
+    assert "default_backend be_no_route" in text
+    assert "retry-on conn-failure empty-response" in text and "option redispatch 1" in text
+
+
+def test_an_invalid_configuration_is_refused_with_haproxys_words(tmp_path):
+    with pytest.raises(RuntimeError, match="HAProxy refused its configuration"):
+        HAProxyProcess(Paths(tmp_path)).check("frontend x\n    bind 127.0.0.1:1\n    nonsense\n")
