@@ -9,6 +9,12 @@ application route, servers added at run time (dynamic servers, no reload per rep
   server is added (``max_ongoing_requests``);
 - a server-state file keeps ``drain``/``maint`` across reloads;
 - ``/-/healthz`` and ``/-/routes`` answered by HAProxy itself; an unknown path is a 404.
+
+A reload's old worker keeps only the responses it is sending: its listeners pass to the
+new worker, and it closes its idle keep-alive connections at once (no
+``idle-close-on-response``), so it never takes a new request with its frozen server list.
+HAProxy 2.8 refuses runtime commands in an old worker ("Proxy is disabled"): a server
+cannot be put in maint there, and need not be.
 """
 
 from __future__ import annotations
@@ -56,8 +62,12 @@ class Paths:
 
 
 def render(paths: Paths, host: str, port: int, routes: dict[str, str],
-           timeout_server_s: float = 300.0) -> str:
-    """``routes``: route prefix -> "app/deployment" of the application's ingress."""
+           servers: dict[str, dict[str, str]] | None = None,
+           maxconn: dict[str, int] | None = None, timeout_server_s: float = 300.0) -> str:
+    """``routes``: route prefix -> "app/deployment" of the application's ingress;
+    ``servers``: backend -> server -> "host:port", the members at this (re)load, written
+    in so that a reload's new worker serves at once (later changes: runtime API)."""
+    servers, maxconn = servers or {}, maxconn or {}
     lines = [
         "global",
         "    master-worker",
@@ -70,8 +80,8 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         "    log global",
         "    timeout connect 2s",
         "    timeout client 120s",
-        f"    timeout server {int(timeout_server_s)}s",
         "    timeout http-request 30s",
+        f"    timeout server {int(timeout_server_s)}s",
         "    retries 3",
         "    option redispatch 1",
         "    retry-on conn-failure empty-response",
@@ -93,9 +103,12 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
                      f"{{ path_beg {prefix}/ }}")
     lines.append("    default_backend be_no_route")
     for key in sorted(set(routes.values())):
-        lines += [f"backend {backend_name(key)}", "    balance leastconn",
+        backend = backend_name(key)
+        lines += [f"backend {backend}", "    balance leastconn",
                   "    option httpchk GET /-/healthz",
                   "    default-server inter 1s fall 2 rise 1"]
+        lines += [f"    server {name} {address} check maxconn {max(1, maxconn.get(backend, 1))}"
+                  for name, address in sorted(servers.get(backend, {}).items())]
     lines += ["backend be_no_route",
               "    http-request return status 404 content-type text/plain "
               "string \"no route\""]

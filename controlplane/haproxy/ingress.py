@@ -4,7 +4,9 @@ It runs the node's HAProxy (``process``), follows routes and replica sets with t
 long-polls as a proxy (``RoutingSubscriber``), and keeps HAProxy's servers equal to the
 RUNNING replicas' direct-ingress addresses through the runtime API (``membership``): a
 scale event needs no reload; a route change reloads through the master CLI. A replica
-that leaves is put in ``drain`` then ``maint`` in every worker, old ones included.
+that leaves is put in ``drain`` then ``maint`` in the current worker (an old worker, kept
+by a reload for the responses it is still sending, takes no new request and refuses
+runtime commands).
 
 Supervised like a proxy (the controller's watch, ``max_restarts=-1``). HAProxy runs in a
 process session of its own, so when this actor dies its HAProxy keeps serving; the
@@ -15,6 +17,7 @@ HAProxy is started again with the current membership.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import tempfile
@@ -49,6 +52,7 @@ class HAProxyIngress:
         node_id = ray.get_runtime_context().get_node_id()
         self._process = HAProxyProcess(Paths(runtime_dir(self._settings.namespace, node_id)))
         self._routes: dict[str, str] | None = None  # prefix -> deployment key
+        self._loaded_routes: dict[str, str] | None = None  # what HAProxy's config has
         self._deployments: dict[str, RoutingUpdate] = {}
         self._servers: membership.Servers = {}  # what the current worker has
         self._leaving: set[tuple[str, str]] = set()  # in maint, to delete once idle
@@ -70,15 +74,21 @@ class HAProxyIngress:
     def _start(self) -> None:
         if self._process.adopt():
             self._servers = self._process.servers()
+            self._loaded_routes = _routes_of(_read(self._process.paths.config))
             logger.info("adopted the running HAProxy (pid %s) with %d backend(s)",
                         self._process.pid, len(self._servers))
             return
-        self._process.start(self._config())
-        self._servers = {}
+        self._load(self._process.start)
 
-    def _config(self) -> str:
-        return render(self._process.paths, self._http["host"], self._http["port"],
-                      self._routes or {})
+    def _load(self, start_or_reload) -> None:
+        """(Re)load with the current routes and members written in: the new worker
+        serves every RUNNING replica from its first request."""
+        routes, servers = dict(self._routes or {}), self._desired()
+        maxconn = {membership.backend_name(k): u.max_ongoing_requests
+                   for k, u in self._deployments.items()}
+        start_or_reload(render(self._process.paths, self._http["host"], self._http["port"],
+                               routes, servers, maxconn))
+        self._servers, self._loaded_routes = servers, routes
 
     # ---- desired state, from the long-polls ------------------------------------------
     def _on_routes(self, update: RoutesUpdate) -> None:
@@ -114,11 +124,9 @@ class HAProxyIngress:
     def _sync_locked(self) -> None:
         if not self._process.alive():
             logger.warning("HAProxy is not running; starting it with the current membership")
-            self._process.start(self._config())
-            self._servers = {}
-        if self._routes is not None and self._config() != _read(self._process.paths.config):
-            self._process.reload(self._config())  # the new worker starts with no server
-            self._servers = {}
+            self._load(self._process.start)
+        if self._routes is not None and self._routes != self._loaded_routes:
+            self._load(self._process.reload)
         self._apply(membership.diff(self._servers, self._desired()))
         self._sweep()
 
@@ -148,7 +156,10 @@ class HAProxyIngress:
     def _leave(self, backend: str, server: str, workers: list) -> None:
         for worker in workers:
             for command in membership.leave_commands(backend, server):
-                self._process.on_worker(worker, command)
+                answer = self._process.on_worker(worker, command).strip()
+                # an old worker answers "Proxy is disabled": it takes no new request
+                if answer and "disabled" not in answer and "No such" not in answer:
+                    logger.warning("HAProxy worker %d: %s: %s", worker.pid, command, answer)
         self._servers.get(backend, {}).pop(server, None)
         self._leaving.add((backend, server))
 
@@ -172,14 +183,19 @@ class HAProxyIngress:
         for backend, server in sorted(self._leaving):
             answers = [self._process.on_worker(w, membership.delete_command(backend, server))
                        for w in current]
-            if all("deleted" in a or "No such" in a for a in answers):
+            # a server written in the config cannot be deleted: it stays in maint until
+            # the next reload leaves it out
+            if all("deleted" in a or "No such" in a or "dynamic" in a for a in answers):
                 self._leaving.discard((backend, server))
 
     # ---- status and lifecycle --------------------------------------------------------
     async def describe(self) -> dict:
-        workers = await asyncio.to_thread(self._process.workers)
+        try:
+            workers = len(await asyncio.to_thread(self._process.workers))
+        except OSError:  # the master is reloading or restarting
+            workers = None
         return {"address": f"{self._http['host']}:{self._http['port']}",
-                "pid": self._process.pid, "workers": len(workers),
+                "pid": self._process.pid, "workers": workers,
                 "servers": sum(len(s) for s in self._servers.values())}
 
     async def metrics_text(self) -> str:
@@ -193,6 +209,18 @@ class HAProxyIngress:
         if self._subscriber is not None:
             self._subscriber.stop()
         await asyncio.to_thread(self._process.stop)
+
+
+def _routes_of(config: str) -> dict[str, str] | None:
+    """The routes an adopted HAProxy's config was rendered with (its /-/routes JSON)."""
+    for line in config.splitlines():
+        if "path /-/routes" in line and " string " in line:
+            quoted = line.split(" string ", 1)[1].rsplit(" if ", 1)[0]
+            try:
+                return json.loads(json.loads(quoted))
+            except ValueError:
+                return None
+    return None
 
 
 def _read(path: Path) -> str:

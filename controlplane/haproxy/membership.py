@@ -1,6 +1,7 @@
 """Replica-set changes as HAProxy runtime-API commands (pure).
 
-A server joins: added (dynamic servers start in maint), health checks enabled, enabled.
+A server joins: added (dynamic servers start in maint), health checks enabled, marked
+up (its replica passed its own check), enabled.
 A server leaves: ``drain`` then ``maint`` in every worker, current and old, before the
 replica closes its listener (phase 1 of the two-phase shutdown); deleted later, once it
 has no connection left. Servers are named by replica id; a backend is a deployment.
@@ -38,8 +39,11 @@ def diff(current: Servers, desired: Servers) -> Plan:
 
 def add_commands(backend: str, server: str, address: str, maxconn: int) -> list[str]:
     target = f"{backend}/{server}"
+    # The replica is RUNNING and passed its health check: UP at once, not after the
+    # first HAProxy check (until then a new server would be DOWN: 503 with no other).
     return [f"add server {target} {address} check maxconn {max(1, maxconn)}",
-            f"enable health {target}", f"enable server {target}"]
+            f"enable health {target}", f"set server {target} health up",
+            f"enable server {target}"]
 
 
 def leave_commands(backend: str, server: str) -> list[str]:

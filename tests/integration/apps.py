@@ -68,6 +68,14 @@ class HttpModel:
                 for i in range(5):
                     yield f"chunk{i}\n"
             return chunks()
+        if kind == "slowstream":  # holds its connection open for a while
+            seconds = float(request.query_params.get("s", "5"))
+
+            async def slow():
+                for i in range(int(seconds * 10)):
+                    yield f"tick{i}\n"
+                    await asyncio.sleep(0.1)
+            return slow()
         if kind == "error":
             raise ValueError("bad input from the user's code")
         return f"hello from {request.url.path}"

@@ -21,11 +21,11 @@ pytestmark = pytest.mark.integration
 NAMESPACE, APPS = "fleetplane_haproxy", "tests.integration.apps"
 
 
-def apps(web_replicas: int = 2, tag: str = "v1") -> list[dict]:
+def apps(web_replicas: int = 2, tag: str = "v1", plain_replicas: int = 2) -> list[dict]:
     return [app("web", f"{APPS}:HttpModel",
                 deployments=[{"name": "HttpModel", "num_replicas": web_replicas}]),
             app("plain", f"{APPS}:Model", args={"tag": tag},
-                deployments=[{"name": "Model", "num_replicas": 2}])]
+                deployments=[{"name": "Model", "num_replicas": plain_replicas}])]
 
 
 def send(client, *entries: dict) -> dict:
@@ -102,3 +102,30 @@ def test_a_crashed_haproxy_is_started_again_with_the_current_membership(haproxy)
             pass
         assert time.monotonic() < deadline, "HAProxy did not serve again"
         time.sleep(0.2)
+
+
+def test_a_stream_survives_a_reload_and_a_scale_down_under_load(haproxy):
+    """A reload (a new route) keeps the old worker for an open stream; replicas leaving
+    meanwhile cost no request, and the stream completes. The old worker refuses runtime
+    commands in HAProxy 2.8 ("Proxy is disabled"); it takes no new request either."""
+    from controlplane.haproxy.config import Paths
+    from controlplane.haproxy.ingress import runtime_dir
+    from controlplane.haproxy.process import HAProxyProcess
+
+    extra = app("extra", f"{APPS}:Model", deployments=[{"name": "Model"}])
+    [node] = haproxy.status()["controller"]["haproxy"]
+    master = HAProxyProcess(Paths(runtime_dir(NAMESPACE, node["node_id"])), executable="-")
+    with Load(f"http://127.0.0.1:{port_of(haproxy)}/plain") as load, \
+            get(haproxy, "/web?kind=slowstream&s=8", stream=True) as stream:
+        chunks = stream.iter_content(chunk_size=None)  # held: the connection stays open
+        received = [next(chunks)]
+        send(haproxy, *apps(web_replicas=1, tag="v2"), extra)  # a new route: a reload
+        wait_for(haproxy, lambda s: s["controller"]["haproxy"][0].get("workers") == 2,
+                 what="a new worker beside the old one")
+        assert [w.reloads for w in master.workers()] == [0, 1]
+        send(haproxy, *apps(web_replicas=1, tag="v2", plain_replicas=1), extra)
+        wait_for(haproxy, settled("plain", 1), what="a plain replica left")
+        received += list(chunks)
+    assert b"".join(received) == b"".join(f"tick{i}\n".encode() for i in range(80))
+    assert len(load.results) > 20 and set(load.outcomes()) == {200}, load.outcomes()
+    send(haproxy, *apps(web_replicas=1, tag="v2"))

@@ -28,3 +28,15 @@ def test_longest_prefix_first_at_segment_boundaries_and_a_404_default(tmp_path):
 def test_an_invalid_configuration_is_refused_with_haproxys_words(tmp_path):
     with pytest.raises(RuntimeError, match="HAProxy refused its configuration"):
         HAProxyProcess(Paths(tmp_path)).check("frontend x\n    bind 127.0.0.1:1\n    nonsense\n")
+
+
+def test_members_at_a_reload_are_written_in_and_routes_read_back(tmp_path):
+    from controlplane.haproxy.ingress import _routes_of
+
+    routes = {"/web": "web/M", "/": "root/R"}
+    backend = backend_name("web/M")
+    text = render(Paths(tmp_path), "127.0.0.1", 8000, routes,
+                  servers={backend: {"r1": "127.0.0.1:4001"}}, maxconn={backend: 7})
+    assert "    server r1 127.0.0.1:4001 check maxconn 7" in text
+    HAProxyProcess(Paths(tmp_path)).check(text)
+    assert _routes_of(text) == routes  # what an adopting manager compares with
