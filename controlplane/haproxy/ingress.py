@@ -29,6 +29,7 @@ import ray
 from controlplane.haproxy import membership
 from controlplane.haproxy.config import Paths, render
 from controlplane.haproxy.process import HAProxyProcess
+from controlplane.proxy import listen_socket
 from controlplane.routing.subscriber import RoutingSubscriber
 from controlplane.settings import Settings
 from controlplane.wire import RoutesUpdate, RoutingUpdate
@@ -78,6 +79,9 @@ class HAProxyIngress:
             logger.info("adopted the running HAProxy (pid %s) with %d backend(s)",
                         self._process.pid, len(self._servers))
             return
+        # HAProxy's listeners share their port (SO_REUSEPORT): check first that nobody
+        # holds it, or a stale HAProxy would silently take half the connections.
+        listen_socket(self._http["host"], self._http["port"], exclusive=True).close()
         self._load(self._process.start)
 
     def _load(self, start_or_reload) -> None:

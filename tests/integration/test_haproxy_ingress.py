@@ -129,3 +129,21 @@ def test_a_stream_survives_a_reload_and_a_scale_down_under_load(haproxy):
     assert b"".join(received) == b"".join(f"tick{i}\n".encode() for i in range(80))
     assert len(load.results) > 20 and set(load.outcomes()) == {200}, load.outcomes()
     send(haproxy, *apps(web_replicas=1, tag="v2"))
+
+
+def test_a_port_another_haproxy_shares_is_refused_and_nothing_runs(fleet):
+    """HAProxy listens with SO_REUSEPORT, so a stale one would silently share the port:
+    the node's manager checks the port is free first, and the deploy is refused."""
+    from controlplane.errors import DeployRejected
+    from controlplane.proxy import listen_socket
+
+    with own_fleet("fleetplane_haproxy_busy") as client:
+        held = listen_socket("127.0.0.1", port_of(client), exclusive=True)  # SO_REUSEPORT
+        held.listen(1)
+        try:
+            with pytest.raises(DeployRejected, match=f"cannot listen on 127.0.0.1:"
+                                                     f"{port_of(client)}"):
+                send(client, *apps())
+            assert client.status()["applications"] == {}
+        finally:
+            held.close()

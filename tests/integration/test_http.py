@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -91,7 +92,15 @@ def test_replica_killed_mid_request_fails_fast_with_5xx(http_apps, fleet):
     pid = ray.get(ray.get_actor(replica["actor_name"], namespace="fleetplane")
                   .get_state.remote())["pid"]
     result = {}
-    worker = threading.Thread(target=lambda: result.update(r=get("/slow503?s=20")))
+
+    def send() -> None:  # until admitted: a proxy's router may still see the replica busy
+        deadline = time.monotonic() + 10  # from the overload test (two proxies, two views)
+        while "Retry-After" in (r := get("/slow503?s=20")).headers and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        result.update(r=r)
+
+    worker = threading.Thread(target=send)
     worker.start()
     wait_for(fleet, lambda s: ray.get(ray.get_actor(replica["actor_name"], namespace="fleetplane")
                                       .get_state.remote())["ongoing_requests"] == 1,
