@@ -88,8 +88,7 @@ class HAProxyIngress:
         """(Re)load with the current routes and members written in: the new worker
         serves every RUNNING replica from its first request."""
         routes, servers = dict(self._routes or {}), self._desired()
-        maxconn = {membership.backend_name(k): u.max_ongoing_requests
-                   for k, u in self._deployments.items()}
+        maxconn = self._maxconn()
         start_or_reload(render(self._process.paths, self._http["host"], self._http["port"],
                                routes, servers, maxconn))
         self._servers, self._loaded_routes = servers, routes
@@ -134,19 +133,24 @@ class HAProxyIngress:
         self._apply(membership.diff(self._servers, self._desired()))
         self._sweep()
 
+    # The long-poll callbacks write these dicts on the event loop while _sync reads them in
+    # a thread: each read starts from a copy (``dict(...)`` copies under the GIL).
     def _desired(self) -> membership.Servers:
-        keys = set((self._routes or {}).values())
+        keys = set(dict(self._routes or {}).values())
         return membership.desired_servers({
             key: [(r.replica_id, r.http_address) for r in update.replicas if r.http_address]
-            for key, update in self._deployments.items() if key in keys})
+            for key, update in dict(self._deployments).items() if key in keys})
+
+    def _maxconn(self) -> dict[str, int]:
+        return {membership.backend_name(k): u.max_ongoing_requests
+                for k, u in dict(self._deployments).items()}
 
     def _apply(self, plan: membership.Plan) -> None:
         workers = self._process.workers()
         current = [w for w in workers if w.reloads == 0]
         for backend, server in plan.removed:  # phase 1: every worker, old ones too
             self._leave(backend, server, workers)
-        maxconn = {membership.backend_name(k): u.max_ongoing_requests
-                   for k, u in self._deployments.items()}
+        maxconn = self._maxconn()
         for backend, server, address in plan.added:
             for worker in current:
                 for command in membership.add_commands(backend, server, address,

@@ -10,7 +10,6 @@ replaced).
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -26,6 +25,7 @@ from tests.integration.conftest import app, dep_status, deploy, own_fleet, settl
 pytestmark = pytest.mark.integration
 
 NAMESPACE, APP, N = "fleetplane_heal", "heal", 3
+_RESET_WINDOW_S = 0.1  # a client may still reuse its keep-alive connection to a dead proxy
 
 
 def heal_app(n: int = N) -> dict:
@@ -80,11 +80,22 @@ def replica_pids(client) -> dict[str, int]:
 
 def kill(actor_name: str) -> tuple[float, float]:
     """SIGKILL the process of this instance's actor (names repeat across namespaces);
-    the monotonic times just before and just after the signal."""
+    the monotonic times of the signal and of the process being gone (a dying process
+    still holds its sockets for a few milliseconds)."""
+    import psutil
+
     actor_id = ray.get_actor(actor_name, namespace=NAMESPACE)._actor_id.hex()
-    pid = ray_state.actors()[actor_id]["Pid"]
+    process = psutil.Process(ray_state.actors()[actor_id]["Pid"])
     before = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
+    process.send_signal(signal.SIGKILL)
+    deadline = before + 10
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.001)
     return before, time.monotonic()
 
 
@@ -162,9 +173,12 @@ def test_a_killed_proxy_costs_only_its_in_flight_requests(heal, listener):
         healed(heal, restarted=f"proxy_{node[:12]}_{listener}")
         time.sleep(1.0)
     failed = [(sent, answered, o) for sent, answered, o in load.results if o != 200]
-    # in flight at the kill: sent before the signal, answered (with an error) after it
-    assert all(sent <= after and answered >= before for sent, answered, _ in failed), failed
-    assert len(failed) <= 1 and len(load.results) > 20, load.outcomes()
+    # Lost with the killed process: a request it held (sent before it was gone, failed
+    # after the signal), or one sent in the next instant on a keep-alive connection to
+    # it (a reset; clients retry those). Never an HTTP error, never later.
+    assert all(isinstance(o, str) and sent <= after + _RESET_WINDOW_S and answered >= before
+               for sent, answered, o in failed), (before, after, failed)
+    assert len(failed) <= 2 and len(load.results) > 20, load.outcomes()
     assert replica_pids(heal) == pids
 
 
