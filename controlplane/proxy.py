@@ -27,7 +27,7 @@ import uvicorn
 from controlplane.clock import SystemClock
 from controlplane.proxy_fleet import proxy_actor_name
 from controlplane.proxy_metrics import ProxyMetrics
-from controlplane.routing.asgi import respond
+from controlplane.routing.asgi import read_body, respond
 from controlplane.routing.route_table import RouteTable
 from controlplane.routing.router_set import RouterSet
 from controlplane.routing.subscriber import RoutingSubscriber
@@ -45,14 +45,10 @@ class ClientGone(Exception):
 
 
 async def _read_body(receive: Any) -> bytes:
-    chunks, more = [], True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()  # never forward a truncated body
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    return b"".join(chunks)
+    body = await read_body(receive)
+    if body is None:
+        raise ClientGone()  # never forward a truncated body
+    return body
 
 
 async def _wait_disconnect(receive: Any) -> None:

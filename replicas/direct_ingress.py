@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable
 
 import uvicorn
 
-from controlplane.routing.asgi import respond
+from controlplane.routing.asgi import read_body, respond
 from controlplane.wire import DirectIngressInit, HTTPRequestData
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class DirectIngressApp:
         elif self._full():
             await self._reject(send)
         else:
-            body = await _read_body(receive)
+            body = await read_body(receive)
             if body is None:
                 return
             await self._serve(HTTPRequestData(
@@ -72,17 +72,6 @@ class DirectIngressApp:
         headers = [(b"retry-after", str(math.ceil(retry)).encode())] if retry else []
         await respond(send, self._config.status_code,
                       b"the replica's queue is full; retry later", headers)
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    chunks, more = [], True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    return b"".join(chunks)
 
 
 class DirectIngress:

@@ -19,3 +19,16 @@ async def respond(send: Any, status: int, body: bytes | str,
 def rejection_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     """``BackpressureError.headers()`` as ASGI header pairs."""
     return [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+
+async def read_body(receive: Any) -> bytes | None:
+    """A request's whole body; None when the client disconnected first (never a
+    truncated body)."""
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
