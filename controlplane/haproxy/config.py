@@ -8,7 +8,9 @@ application route, servers added at run time (dynamic servers, no reload per rep
 - ``option httpchk GET /-/healthz`` on every server; ``maxconn`` per server is set when a
   server is added (``max_ongoing_requests``);
 - a server-state file keeps ``drain``/``maint`` across reloads;
-- ``/-/healthz`` and ``/-/routes`` answered by HAProxy itself; an unknown path is a 404.
+- ``/-/healthz`` and ``/-/routes`` answered by HAProxy itself, ``/metrics`` by its
+  Prometheus exporter (``haproxy_*``: per backend and server, i.e. per deployment and
+  replica); an unknown path is a 404.
 
 A reload's old worker keeps only the responses it is sending: its listeners pass to the
 new worker, and it closes its idle keep-alive connections at once (no
@@ -90,6 +92,7 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         f"    bind {host}:{port}",
         "    http-request return status 200 content-type text/plain string success "
         "if { path /-/healthz }",
+        "    http-request use-service prometheus-exporter if { path /metrics }",
         "    http-request return status 200 content-type application/json "
         f"string {_quoted(json.dumps(routes, sort_keys=True))} if {{ path /-/routes }}",
     ]

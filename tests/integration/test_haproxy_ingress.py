@@ -64,6 +64,8 @@ def test_the_same_answers_as_through_the_proxy(haproxy):
         body = b"".join(r.iter_content(chunk_size=None))
     assert body == b"".join(f"chunk{i}\n".encode() for i in range(5))
     assert get(haproxy, "/-/healthz").text == "success"
+    metrics = get(haproxy, "/metrics").text  # HAProxy's exporter: per deployment, replica
+    assert 'haproxy_backend_http_responses_total{proxy="be_web_HttpModel_' in metrics
     assert get(haproxy, "/-/routes").json() == {"/plain": "plain/Model", "/web": "web/HttpModel"}
 
 
