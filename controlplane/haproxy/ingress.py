@@ -136,10 +136,17 @@ class HAProxyIngress:
     # The long-poll callbacks write these dicts on the event loop while _sync reads them in
     # a thread: each read starts from a copy (``dict(...)`` copies under the GIL).
     def _desired(self) -> membership.Servers:
-        keys = set(dict(self._routes or {}).values())
-        return membership.desired_servers({
+        """The members to serve. A deployment whose replica set this actor has not heard
+        yet (it just restarted and adopted a running HAProxy) keeps the servers it has:
+        unknown is not empty."""
+        keys, deployments = set(dict(self._routes or {}).values()), dict(self._deployments)
+        desired = membership.desired_servers({
             key: [(r.replica_id, r.http_address) for r in update.replicas if r.http_address]
-            for key, update in dict(self._deployments).items() if key in keys})
+            for key, update in deployments.items() if key in keys})
+        for key in keys - set(deployments):
+            backend = membership.backend_name(key)
+            desired[backend] = dict(self._servers.get(backend, {}))
+        return desired
 
     def _maxconn(self) -> dict[str, int]:
         return {membership.backend_name(k): u.max_ongoing_requests

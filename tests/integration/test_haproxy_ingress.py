@@ -149,3 +149,26 @@ def test_a_port_another_haproxy_shares_is_refused_and_nothing_runs(fleet):
             assert client.status()["applications"] == {}
         finally:
             held.close()
+
+
+def test_a_killed_manager_actor_costs_no_request_its_haproxy_keeps_serving(haproxy):
+    """The per-node actor dies (SIGKILL) under load: HAProxy, in its own session, keeps
+    serving; Ray restarts the actor, which adopts it (same pid) and manages it again."""
+    import ray
+    import ray._private.state as ray_state
+
+    [node] = haproxy.status()["controller"]["haproxy"]
+    name = f"fleetplane_proxy::{node['node_id']}::0"
+    actor_id = ray.get_actor(name, namespace=NAMESPACE)._actor_id.hex()
+    with Load(f"http://127.0.0.1:{port_of(haproxy)}/plain") as load:
+        time.sleep(0.5)
+        os.kill(ray_state.actors()[actor_id]["Pid"], signal.SIGKILL)
+        wait_for(haproxy, lambda s: s["controller"]["actors"][
+            f"proxy_{node['node_id'][:12]}_0"]["restarts"] >= 1
+            and s["controller"]["haproxy"][0].get("pid") == node["pid"],
+            what="the manager restarted, the same HAProxy adopted")
+        send(haproxy, *apps(web_replicas=2, tag="v2"))  # and it manages membership again
+        wait_for(haproxy, lambda s: settled("web", 2, "HttpModel")(s)
+                 and s["controller"]["haproxy"][0].get("servers") == 4, what="web at 2")
+        time.sleep(1.0)
+    assert len(load.results) > 20 and set(load.outcomes()) == {200}, load.outcomes()
