@@ -107,6 +107,8 @@ class DeploymentState:
         self.config = self.config.retarget((spec.user_config, spec.user_config_version),
                                            code_changed)
         self.rollout = self.rollout.retarget(spec)
+        if code_changed:  # proving windows belong to the rollout they were opened for
+            self._proving.clear()
         self.spec = spec
         self.health.set_period(spec.health_check_period_s)
         if timings_changed:  # O(N) on this redeploy only; self-checks run on the replicas
