@@ -17,6 +17,7 @@ module starts is answered to ``DeploymentState.probe_resolved`` exactly once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -27,7 +28,7 @@ from controlplane.lifecycle import ReplicaEvent
 from controlplane.replica_client import (ReplicaCallFailed, ReplicaClient, ReplicaDied,
                                          replica_actor_name)
 from controlplane.settings import ReplicaSettings
-from controlplane.wire import ReplicaInit
+from controlplane.wire import DirectIngressInit, ReplicaInit
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class ReplicaOps:
         self._namespace = namespace
         self._report_interval_s = replica_settings.metrics_report_interval_s
         self._drain_min_s = replica_settings.drain_min_s
+        self._phase1 = replica_settings.deregister_before_stop
 
     # ---- start ------------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -82,7 +84,12 @@ class ReplicaOps:
             health_check_period_s=spec.health_check_period_s,
             health_check_timeout_s=spec.health_check_timeout_s,
             unhealthy_threshold=d.settings.unhealthy_threshold,
-            direct_ingress=spec.direct_ingress)
+            direct_ingress=self._direct_ingress(spec.direct_ingress))
+
+    def _direct_ingress(self, init: DirectIngressInit | None) -> DirectIngressInit | None:
+        if init is None or self._phase1:
+            return init
+        return dataclasses.replace(init, deregistration_window_s=0.0)  # phase 1 off
 
     async def _wait_started(self, replica_id: str, handle: Any) -> None:
         d = self._d
@@ -138,7 +145,8 @@ class ReplicaOps:
     async def _wait_stopped(self, replica_id: str, handle: Any) -> None:
         d = self._d
         try:
-            if handle is not None and d.spec.direct_ingress is not None and self._ingress:
+            if (handle is not None and d.spec.direct_ingress is not None and self._ingress
+                    and self._phase1):
                 await self._ingress.deregister(str(d.spec.id), replica_id)
             if handle is not None:
                 await self._client.stop(handle, d.spec.graceful_shutdown_timeout_s,

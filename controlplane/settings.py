@@ -51,6 +51,12 @@ class ReplicaSettings:
     # A stopping replica keeps serving this long first: routers learn it is leaving by
     # long-poll, and requests already sent to it still arrive (no 502 on scale-down).
     drain_min_s: float = 1.0
+    # haproxy mode, phase 1 of a direct-ingress replica's stop: every node's HAProxy puts
+    # it in drain then maint before it is asked to stop, and it stays reachable for
+    # http_options.deregistration_window_s. False only to show what phase 1 prevents
+    # (``release_tests.drain_events --no-phase-1``): the replica closes its listener at
+    # once while HAProxy may still send it work.
+    deregister_before_stop: bool = True
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,13 @@ application route, servers added at run time (dynamic servers, no reload per rep
   Prometheus exporter (``haproxy_*``: per backend and server, i.e. per deployment and
   replica); an unknown path is a 404.
 
-A reload's old worker keeps only the responses it is sending: its listeners pass to the
-new worker, and it closes its idle keep-alive connections at once (no
-``idle-close-on-response``), so it never takes a new request with its frozen server list.
-HAProxy 2.8 refuses runtime commands in an old worker ("Proxy is disabled"): a server
-cannot be put in maint there, and need not be.
+A reload's old worker passes its listeners to the new worker and keeps the responses it
+is sending. ``option idle-close-on-response``: a client's idle keep-alive connection there
+is not closed under the client (a request racing that close would fail: measured, 8 per
+reload at 50 req/s over 8 connections, ``release_tests.drain_events``) but closed after
+its next response. That one request per idle connection is routed with the old worker's
+frozen server list (HAProxy 2.8 refuses runtime commands in an old worker: "Proxy is
+disabled"); a replica in phase 2 refuses the connection and HAProxy retries it on another.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         "    option redispatch 1",
         "    retry-on conn-failure empty-response",
         "    load-server-state-from-file global",
+        "    option idle-close-on-response",
         "frontend fleetplane",
         f"    bind {host}:{port}",
         "    http-request return status 200 content-type text/plain string success "
