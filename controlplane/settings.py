@@ -54,8 +54,9 @@ class ReplicaSettings:
     # haproxy mode, phase 1 of a direct-ingress replica's stop: every node's HAProxy puts
     # it in drain then maint before it is asked to stop, and it stays reachable for
     # http_options.deregistration_window_s. False only to show what phase 1 prevents
-    # (``release_tests.drain_events --no-phase-1``): the replica closes its listener at
-    # once while HAProxy may still send it work.
+    # (``release_tests.drain_events --no-phase-1``): the replica closes its listener as
+    # soon as it is asked to stop, and HAProxy hears that it left a window later (as
+    # membership applied by a reload would be), so it may still send it work.
     deregister_before_stop: bool = True
 
 

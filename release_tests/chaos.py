@@ -1,12 +1,13 @@
 """Kill control actors and replicas under steady HTTP load; count what it cost.
 
-``python -m release_tests.chaos [--duration-s 300] [--rate 100] [--seed 1]`` starts
-``fleetplane run release_tests/chaos.yaml`` (its own embedded Ray), sends a steady
-open-loop load of GET requests to it, and every few seconds SIGKILLs one actor at random:
-the controller, a shard, the proxy, or a replica. Per kind of kill it reports the
-requests that failed in the window after the kill, the replicas restarted beyond the
-killed one (compared by actor id), and the time until ``status`` answered again with
-every replica RUNNING. Goal (issue 9): 0 failed requests for control actors; for a
+``python -m release_tests.chaos [--duration-s 300] [--rate 100] [--seed 1] [--haproxy]``
+starts ``fleetplane run release_tests/chaos.yaml`` (``chaos_haproxy.yaml`` with
+``--haproxy``: the per-node HAProxy manager is the "proxy" killed), its own embedded Ray,
+and sends a steady open-loop load of GET requests to it, and every few seconds SIGKILLs
+one actor at random: the controller, a shard, the proxy, or a replica. Per kind of kill
+it reports the requests that failed in the window after the kill, the replicas restarted
+beyond the killed one (compared by actor id), and the time until ``status`` answered
+again with every replica RUNNING. Goal (issue 9): 0 failed requests for control actors; for a
 replica, only the requests it held. Prints a table, writes Parquet under
 ``release_tests/results/``, and ends with one JSON line.
 """
@@ -129,11 +130,11 @@ def _all_running(timeout_s: float) -> bool:
     return False
 
 
-def run(duration_s: float, rate: float, seed: int, every_s: float) -> list[Kill]:
+def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path) -> list[Kill]:
     import ray
 
     rng = random.Random(seed)
-    runner = subprocess.Popen([sys.executable, "-m", "fleetplane.cli", "run", str(CONFIG)],
+    runner = subprocess.Popen([sys.executable, "-m", "fleetplane.cli", "run", str(config)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in runner.stdout:
         print("  run:", line.rstrip())
@@ -226,8 +227,10 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=100.0, help="requests per second")
     p.add_argument("--every-s", type=float, default=8.0, help="seconds between kills")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--haproxy", action="store_true", help="http_options.ingress: haproxy")
     args = p.parse_args()
-    kills = run(args.duration_s, args.rate, args.seed, args.every_s)
+    config = CONFIG.with_name("chaos_haproxy.yaml") if args.haproxy else CONFIG
+    kills = run(args.duration_s, args.rate, args.seed, args.every_s, config)
     print(json.dumps({"chaos": report(kills)}))
 
 

@@ -2,8 +2,9 @@
 
 ``python -m release_tests.drain_events [--events 100] [--rate 50] [--no-phase-1]``
 starts an embedded Ray and a fleetplane instance in ``http_options.ingress: haproxy``
-(a real HAProxy) with a 4-replica deployment, keeps a steady load of short GETs on it
-over keep-alive connections, and runs the events in turn:
+(a real HAProxy) with a 4-replica deployment, keeps a steady load of short requests on it
+(POSTs, as LLM completions are) over keep-alive connections, and runs the events in
+turn:
 
 - ``scale``: 4 -> 2 -> 4 replicas;
 - ``rollout``: a code change (new ``args``), a rolling replacement;
@@ -47,7 +48,8 @@ class Event:
 
 
 class Load:
-    """``threads`` keep-alive connections, each sending GETs at ``rate / threads``/s."""
+    """``threads`` keep-alive connections, each sending POSTs at ``rate / threads``/s (as
+    LLM completions are: HAProxy does not replay a POST a replica received)."""
 
     def __init__(self, port: int, rate: float, threads: int = 8) -> None:
         self._port, self._period, self._threads = port, threads / rate, threads
@@ -69,7 +71,8 @@ class Load:
             time.sleep(max(0.0, next_at - time.monotonic()))
             next_at += self._period
             try:
-                conn.request("GET", f"/{APP}")
+                conn.request("POST", f"/{APP}", body=b'{"prompt": "x"}',
+                             headers={"Content-Type": "application/json"})
                 reply = conn.getresponse()
                 reply.read()
                 ok, why = reply.status == 200, str(reply.status)

@@ -1,11 +1,13 @@
-"""fleetplane's proxy against Ray Serve 2.60's default proxy, side by side, in one run.
+"""fleetplane against Ray Serve 2.60, proxy and HAProxy modes, side by side, in one run.
 
-Starts `fleetplane run release_tests/noop.yaml`, drives it with wrk over loopback, stops
-it; then does the same with Ray Serve serving the same no-op deployment. Prints
+For each system in turn (fleetplane's proxy, Ray Serve's default proxy, fleetplane's
+``ingress: haproxy``, Ray Serve with ``RAY_SERVE_ENABLE_HA_PROXY=1``), starts it serving
+the same no-op deployment on its own loopback port, drives it with wrk, stops it. Prints
 requests/s, p50 and p99 (medians over --runs), the machine, and writes every run as
 Parquet under release_tests/results/.
 
     python -m release_tests.http_bench [--runs 3] [--duration-s 20] [--connections 16]
+                                       [--systems fleetplane,fleetplane-haproxy,...]
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ def _wait_ready(url: str, timeout_s: float) -> None:
     raise TimeoutError(f"{url} not answering after {timeout_s}s")
 
 
-def _start(cmd: list[str]) -> subprocess.Popen:
+def _start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, **env})
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -81,8 +83,8 @@ def _wrk(url: str, connections: int, duration_s: int) -> dict:
     return parse_wrk(out)
 
 
-def measure(system: str, cmd: list[str], health_url: str, url: str, args) -> dict:
-    proc = _start(cmd)
+def measure(cmd: list[str], env: dict[str, str], health_url: str, url: str, args) -> dict:
+    proc = _start(cmd, env)
     try:
         _wait_ready(health_url, timeout_s=180)
         _wrk(url, args.connections, 3)  # warm-up, not recorded
@@ -91,11 +93,18 @@ def measure(system: str, cmd: list[str], health_url: str, url: str, args) -> dic
         _stop(proc)
 
 
-SYSTEMS = {
+SYSTEMS = {  # name: (command, environment, health URL, measured URL)
     "fleetplane": ([sys.executable, "-m", "fleetplane.cli", "run", "release_tests/noop.yaml"],
-                   "http://127.0.0.1:8000/noop", "http://127.0.0.1:8000/noop"),
+                   {}, "http://127.0.0.1:8000/noop", "http://127.0.0.1:8000/noop"),
     "ray-serve-2.60": ([sys.executable, "-m", "release_tests.serve_baseline", "--port", "8001"],
-                       "http://127.0.0.1:8001/noop", "http://127.0.0.1:8001/noop"),
+                       {}, "http://127.0.0.1:8001/noop", "http://127.0.0.1:8001/noop"),
+    # haproxy ingress: a real HAProxy in front of a replica serving HTTP itself
+    "fleetplane-haproxy": ([sys.executable, "-m", "fleetplane.cli", "run",
+                            "release_tests/noop_haproxy.yaml"],
+                           {}, "http://127.0.0.1:8002/noop", "http://127.0.0.1:8002/noop"),
+    "ray-serve-2.60-haproxy": ([sys.executable, "-m", "release_tests.serve_baseline",
+                                "--port", "8003"], {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
+                               "http://127.0.0.1:8003/noop", "http://127.0.0.1:8003/noop"),
 }
 
 
@@ -104,14 +113,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration-s", type=int, default=20)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help=f"comma-separated, from: {', '.join(SYSTEMS)}")
     args = parser.parse_args()
+    unknown = set(args.systems.split(",")) - set(SYSTEMS)
+    if unknown:
+        sys.exit(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk (Debian)")
     machine = describe()
+    systems = {name: SYSTEMS[name] for name in args.systems.split(",")}
     records = []
     for run in range(args.runs):
-        for system, (cmd, health, url) in SYSTEMS.items():
-            result = measure(system, cmd, health, url, args)
+        for system, (cmd, env, health, url) in systems.items():
+            result = measure(cmd, env, health, url, args)
             records.append({"system": system, "run": run, "connections": args.connections,
                             "duration_s": args.duration_s, **result, **machine})
             print(f"run {run} {system:<15} {result['requests_per_s']:8.0f} req/s  "
@@ -123,7 +138,7 @@ def main() -> None:
     print(f"\nwrk -t1 -c{args.connections} -d{args.duration_s}s, medians of {args.runs} runs, "
           f"loopback; machine: {describe_line()}")
     print("| system | requests/s | p50 ms | p99 ms |\n|---|---|---|---|")
-    for system in SYSTEMS:
+    for system in systems:
         rows = [r for r in records if r["system"] == system]
         med = lambda k: statistics.median(r[k] for r in rows)
         print(f"| {system} | {med('requests_per_s'):.0f} | {med('p50_ms'):.1f} | "

@@ -4,13 +4,15 @@ application route, servers added at run time (dynamic servers, no reload per rep
 - master-worker mode; each worker exposes the runtime API on the stats socket (reached
   through the master CLI, current and old workers alike);
 - ``retry-on conn-failure empty-response`` with ``option redispatch 1``: a connection a
-  leaving replica refuses, or a replica that died before answering, is retried on another;
+  leaving replica refuses, or a replica that died before answering, is retried on another
+  (a POST or PATCH the replica received is not replayed: 502);
 - ``option httpchk GET /-/healthz`` on every server; ``maxconn`` per server is set when a
   server is added (``max_ongoing_requests``);
 - a server-state file keeps ``drain``/``maint`` across reloads;
-- ``/-/healthz`` and ``/-/routes`` answered by HAProxy itself, ``/metrics`` by its
-  Prometheus exporter (``haproxy_*``: per backend and server, i.e. per deployment and
-  replica); an unknown path is a 404.
+- ``/-/healthz`` and ``/-/routes`` answered by HAProxy itself, ``/metrics`` by the
+  ingress actor: HAProxy's Prometheus exporter (``haproxy_*``: per backend and server, i.e.
+  per deployment and replica) and fleetplane's figures (``haproxy/metrics.py``); an
+  unknown path is a 404.
 
 A reload's old worker passes its listeners to the new worker and keeps the responses it
 is sending. ``option idle-close-on-response``: a client's idle keep-alive connection there
@@ -64,6 +66,16 @@ class Paths:
     def pid_file(self) -> Path:
         return self.root / "haproxy.pid"
 
+    @property
+    def exporter_socket(self) -> Path:
+        """HAProxy's Prometheus exporter, read by the ingress actor."""
+        return self.root / "exporter.sock"
+
+    @property
+    def metrics_socket(self) -> Path:
+        """The ingress actor's ``/metrics`` (``haproxy/metrics.py``), behind HAProxy's."""
+        return self.root / "metrics.sock"
+
 
 def render(paths: Paths, host: str, port: int, routes: dict[str, str],
            servers: dict[str, dict[str, str]] | None = None,
@@ -93,9 +105,12 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         "    option idle-close-on-response",
         "frontend fleetplane",
         f"    bind {host}:{port}",
+        # A request the replica received and then died holding is not replayed when it
+        # may have had effects: a POST or PATCH answers 502 (conn-failure retries stay).
+        "    http-request disable-l7-retry if { method POST PATCH }",
         "    http-request return status 200 content-type text/plain string success "
         "if { path /-/healthz }",
-        "    http-request use-service prometheus-exporter if { path /metrics }",
+        "    use_backend be_metrics if { path /metrics }",
         "    http-request return status 200 content-type application/json "
         f"string {_quoted(json.dumps(routes, sort_keys=True))} if {{ path /-/routes }}",
     ]
@@ -115,7 +130,12 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
                   "    default-server inter 1s fall 2 rise 1"]
         lines += [f"    server {name} {address} check maxconn {max(1, maxconn.get(backend, 1))}"
                   for name, address in sorted(servers.get(backend, {}).items())]
-    lines += ["backend be_no_route",
+    lines += ["backend be_metrics",
+              f"    server ingress unix@{paths.metrics_socket}",
+              "frontend exporter",
+              f"    bind unix@{paths.exporter_socket} mode 600",
+              "    http-request use-service prometheus-exporter",
+              "backend be_no_route",
               "    http-request return status 404 content-type text/plain "
               "string \"no route\""]
     return "\n".join(lines) + "\n"

@@ -20,14 +20,18 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import ray
+import uvicorn
 
 from controlplane.haproxy import membership
 from controlplane.haproxy.config import Paths, render
+from controlplane.haproxy.metrics import IngressMetrics
 from controlplane.haproxy.process import HAProxyProcess
 from controlplane.proxy import listen_socket
 from controlplane.routing.subscriber import RoutingSubscriber
@@ -57,20 +61,35 @@ class HAProxyIngress:
         self._deployments: dict[str, RoutingUpdate] = {}
         self._servers: membership.Servers = {}  # what the current worker has
         self._leaving: set[tuple[str, str]] = set()  # in maint, to delete once idle
+        # Phase 1 off (``ReplicaSettings.deregister_before_stop``, only to show what it
+        # prevents): HAProxy hears that a replica left a deregistration window late, as
+        # membership applied by a later reload would be.
+        self._phase1 = self._settings.replica.deregister_before_stop
+        self._late: dict[tuple[str, str], float] = {}  # (backend, server) -> when to tell
         self._changed = asyncio.Event()
         self._mutex = threading.Lock()  # _sync and deregister run in threads
         self._subscriber: RoutingSubscriber | None = None
         self._task: asyncio.Task | None = None
         self._stopped = asyncio.Event()
+        self._metrics = IngressMetrics(self._process.paths.exporter_socket,
+                                       self._controller_health, lambda: self._routes)
+        self._metrics_server: uvicorn.Server | None = None
 
     async def ready(self) -> str:
         if self._task is None:
+            self._metrics_server = await _serve_unix(self._metrics,
+                                                     self._process.paths.metrics_socket)
             await asyncio.to_thread(self._start)
             self._subscriber = RoutingSubscriber(self._settings, self._on_deployment,
                                                  self._on_routes)
             self._subscriber.start()
+            self._metrics.routing.statistics = self._subscriber.statistics
             self._task = asyncio.get_running_loop().create_task(self._sync_forever())
         return f"http://{self._http['host']}:{self._http['port']}"
+
+    async def _controller_health(self) -> dict:
+        s = self._settings
+        return await ray.get_actor(s.controller_name, namespace=s.namespace).health.remote()
 
     def _start(self) -> None:
         if self._process.adopt():
@@ -155,8 +174,14 @@ class HAProxyIngress:
     def _apply(self, plan: membership.Plan) -> None:
         workers = self._process.workers()
         current = [w for w in workers if w.reloads == 0]
+        now = time.monotonic()
         for backend, server in plan.removed:  # phase 1: every worker, old ones too
-            self._leave(backend, server, workers)
+            if self._phase1 or self._late.get((backend, server), now + 1) <= now:
+                self._late.pop((backend, server), None)
+                self._leave(backend, server, workers)
+            else:
+                self._late.setdefault((backend, server),
+                                      now + self._http.get("deregistration_window_s", 2.0))
         maxconn = self._maxconn()
         for backend, server, address in plan.added:
             for worker in current:
@@ -213,9 +238,6 @@ class HAProxyIngress:
                 "pid": self._process.pid, "workers": workers,
                 "servers": sum(len(s) for s in self._servers.values())}
 
-    async def metrics_text(self) -> str:
-        return ""
-
     async def wait_until_stopped(self) -> None:
         await self._stopped.wait()
 
@@ -223,7 +245,25 @@ class HAProxyIngress:
         self._stopped.set()
         if self._subscriber is not None:
             self._subscriber.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.should_exit = True
         await asyncio.to_thread(self._process.stop)
+
+
+async def _serve_unix(app, path: Path) -> uvicorn.Server:
+    """uvicorn on a unix socket at ``path`` (a stale one from a previous actor replaced)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                           access_log=False))
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            raise RuntimeError(f"/metrics listener stopped: {task.exception()!r}")
+        await asyncio.sleep(0.01)
+    return server
 
 
 def _routes_of(config: str) -> dict[str, str] | None:

@@ -76,6 +76,9 @@ class HttpModel:
                     yield f"tick{i}\n"
                     await asyncio.sleep(0.1)
             return slow()
+        if kind == "sleep":  # holds the request, no byte of the answer sent yet
+            await asyncio.sleep(float(request.query_params.get("s", "1")))
+            return "slept"
         if kind == "error":
             raise ValueError("bad input from the user's code")
         return f"hello from {request.url.path}"

