@@ -16,9 +16,9 @@ application route, servers added at run time (dynamic servers, no reload per rep
 
 A reload's old worker passes its listeners to the new worker and keeps the responses it
 is sending. ``option idle-close-on-response``: a client's idle keep-alive connection there
-is not closed under the client (a request racing that close would fail: measured, 8 per
-reload at 50 req/s over 8 connections, ``release_tests.drain_events``) but closed after
-its next response. That one request per idle connection is routed with the old worker's
+is not closed under the client (a request racing that close fails: 8 did in one reload
+at 50 req/s over 8 connections, ``release_tests.drain_events``) but after its next
+response. That one request per idle connection is routed with the old worker's
 frozen server list (HAProxy 2.8 refuses runtime commands in an old worker: "Proxy is
 disabled"); a replica in phase 2 refuses the connection and HAProxy retries it on another.
 """

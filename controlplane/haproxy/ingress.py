@@ -174,14 +174,10 @@ class HAProxyIngress:
     def _apply(self, plan: membership.Plan) -> None:
         workers = self._process.workers()
         current = [w for w in workers if w.reloads == 0]
-        now = time.monotonic()
         for backend, server in plan.removed:  # phase 1: every worker, old ones too
-            if self._phase1 or self._late.get((backend, server), now + 1) <= now:
-                self._late.pop((backend, server), None)
-                self._leave(backend, server, workers)
-            else:
-                self._late.setdefault((backend, server),
-                                      now + self._http.get("deregistration_window_s", 2.0))
+            if not self._phase1 and self._not_yet(backend, server):
+                continue
+            self._leave(backend, server, workers)
         maxconn = self._maxconn()
         for backend, server, address in plan.added:
             for worker in current:
@@ -192,6 +188,16 @@ class HAProxyIngress:
                         logger.warning("HAProxy: %s: %s", command, answer)
             self._servers.setdefault(backend, {})[server] = address
             self._leaving.discard((backend, server))
+
+    def _not_yet(self, backend: str, server: str) -> bool:
+        """Phase 1 off: HAProxy is told a deregistration window after the replica left."""
+        now = time.monotonic()
+        due = self._late.setdefault((backend, server),
+                                    now + self._http.get("deregistration_window_s", 2.0))
+        if due > now:
+            return True
+        del self._late[(backend, server)]
+        return False
 
     def _leave(self, backend: str, server: str, workers: list) -> None:
         for worker in workers:

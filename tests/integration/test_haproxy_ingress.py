@@ -228,9 +228,12 @@ def test_a_replica_killed_mid_request_a_post_is_502_a_get_is_retried(haproxy):
     another replica (retry-on empty-response) but not a POST, which answers 502."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import ray
+
     def holder(status: dict) -> dict | None:
         for r in dep_status(status, "web", "HttpModel")["replicas"]:
-            state = call(r, method="get_state", namespace=NAMESPACE)
+            actor = ray.get_actor(r["actor_name"], namespace=NAMESPACE)
+            state = ray.get(actor.get_state.remote(), timeout=10)
             if state["ongoing_requests"]:
                 return state
         return None

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import replace
 
 from controlplane.clock import FakeClock
-from controlplane.settings import Settings, ShardSettings
+from controlplane.settings import ReplicaSettings, Settings, ShardSettings
 from controlplane.shard import ShardCore
 from controlplane.specs import DeploymentId, DeploymentSpec
 from tests.unit.fakes import FakeReplicaClient
@@ -41,9 +41,11 @@ def make_spec(num_replicas: int = 3, code_version: str = "v1", user_config=None,
 class Shard:
     """ShardCore wired to fakes, with helpers to step the loop and read status."""
 
-    def __init__(self, ingress=None, **shard_settings) -> None:
+    def __init__(self, ingress=None, replica: ReplicaSettings | None = None,
+                 **shard_settings) -> None:
         self.settings = Settings(shard=ShardSettings(tick_interval_s=LOOP_PARKED_S,
-                                                     **shard_settings))
+                                                     **shard_settings),
+                                 replica=replica or ReplicaSettings())
         self.client = FakeReplicaClient()
         self.clock = loop_clock()
         self.core = ShardCore(0, self.settings, self.client, self.clock, ingress)

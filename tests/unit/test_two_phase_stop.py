@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from controlplane.haproxy import membership
+from controlplane.settings import ReplicaSettings
 from controlplane.specs import with_direct_ingress
 from tests.unit.shard_harness import Shard, make_spec, run
 
@@ -41,6 +42,21 @@ def test_the_replica_is_stopped_only_after_haproxy_confirmed_it_left():
         ingress.gate.set()
         await shard.step(2)
         assert shard.client.ids("stop") == [leaving]
+    run(scenario)
+
+
+def test_with_phase_1_off_the_replica_is_stopped_at_once_and_closes_at_once():
+    """``deregister_before_stop=False`` (release_tests.drain_events --no-phase-1): no
+    HAProxy confirmation is awaited, and the replica holds no deregistration window."""
+    async def scenario():
+        log: list = []
+        shard = Shard(ingress=FakeIngress(log),
+                      replica=ReplicaSettings(deregister_before_stop=False))
+        await shard.deploy(direct(2))
+        init = shard.client.handles[shard.client.created[0]].init
+        assert init.direct_ingress.deregistration_window_s == 0.0
+        await shard.deploy(direct(1))
+        assert log == [] and len(shard.client.ids("stop")) == 1
     run(scenario)
 
 
