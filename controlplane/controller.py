@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -31,6 +32,7 @@ from controlplane.capacity import node_resources, shortfall
 from controlplane.errors import DeployRejected
 from controlplane.health.health_stats import merge_all
 from controlplane.long_poll import LongPollHost
+from controlplane.nodes import NodeChanges, NodeInfo, NodeWatch, node_rows, read_nodes
 from controlplane.proxy_fleet import ProxyFleet
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.shard import ControllerShard
@@ -55,6 +57,8 @@ class Controller:
         self._routes = LongPollHost()
         self._supervisor = Supervisor()
         self._proxies = ProxyFleet(self._settings, self._supervisor)
+        self._nodes = NodeWatch(self._on_nodes)
+        self._drains: dict[str, float] = {}  # draining node -> wall-clock deadline
         self._recovery: asyncio.Task | None = None
         self._deploying: tuple[str, float] | None = None  # (applications, since)
         self._restarts = _count_restart(self._settings.checkpoint_key)
@@ -125,6 +129,7 @@ class Controller:
         self._config = normalized
         self._generation += 1
         await self._push()
+        self._nodes.start()
         self._routes.publish(ROUTES_KEY, RoutesUpdate(
             num_shards=num_shards, generation=self._generation,
             routes={s.route_prefix: str(s.id) for s in specs
@@ -177,7 +182,26 @@ class Controller:
         """Shard ``index``'s whole desired set (also what a restarted shard recovers from)."""
         k = len(self._shards)
         specs = [s for s in self._specs.values() if shard_of(s.id, k) == index]
-        await self._shards[index].set_desired.remote(specs)
+        await self._shards[index].set_desired.remote(specs, self._drains)
+
+    async def _on_nodes(self, changes: NodeChanges, nodes: Mapping[str, NodeInfo]) -> None:
+        """The fleet follows the nodes: listeners on a node that joined, none kept for one
+        that left; a draining node's listeners fail readiness and the shards move its
+        replicas (``reconcile``: replacements first, then the normal drain)."""
+        if changes.left:
+            logger.info("nodes left: %s", ", ".join(n[:12] for n in changes.left))
+            await self._proxies.forget(list(changes.left))
+        if changes.joined and self._config is not None:
+            await self._proxies.ensure(self._config["http_options"])
+        if changes.drains is not None:
+            logger.info("draining nodes: %s", {n[:12]: d for n, d in changes.drains.items()})
+            self._drains = dict(changes.drains)
+            await self._proxies.set_draining(set(self._drains))
+            results = await asyncio.gather(
+                *(shard.set_node_drains.remote(self._drains) for shard in self._shards),
+                return_exceptions=True)  # a restarting shard gets them with its recovery
+            for error in (r for r in results if isinstance(r, BaseException)):
+                logger.warning("a shard did not take the draining nodes: %r", error)
 
     async def listen_routes(self, known: dict, timeout_s: float = 30.0) -> dict:
         """Long-poll for proxies and handles: route prefixes and the shard count."""
@@ -201,8 +225,11 @@ class Controller:
         status["controller"]["proxies"] = self._proxies.addresses()
         ingress = (self._config or {}).get("http_options", {}).get("ingress", "proxy")
         status["controller"]["ingress"] = ingress
+        listeners = await self._proxies.describe()
         if ingress == "haproxy":
-            status["controller"]["haproxy"] = await self._proxies.describe()
+            status["controller"]["haproxy"] = listeners
+        status["nodes"] = node_rows(self._nodes.nodes or await asyncio.to_thread(read_nodes),
+                                    listeners, status["applications"])
         status["controller"]["actors"] = {
             "controller": {"alive": True, "restarts": self._restarts,
                            "last_restart_reason": "its process died; Ray restarted it"
@@ -226,6 +253,7 @@ class Controller:
         """Drain and stop every replica and shard, and forget the checkpoint."""
         async with self._lock:
             self._supervisor.stop_all()  # what is stopped now must stay stopped
+            self._nodes.stop()
             drained = await asyncio.gather(*(s.shutdown.remote(timeout_s) for s in self._shards),
                                            return_exceptions=True)
             for shard in self._shards:

@@ -54,6 +54,10 @@ logger = logging.getLogger(__name__)
 
 Spawn = Callable[[Coroutine], Any]
 
+# A replica on a draining node starts its drain this long before the drain could no
+# longer finish by the node's deadline.
+_DRAIN_MARGIN_S = 2.0
+
 
 class DeploymentState:
     def __init__(self, spec: DeploymentSpec, settings: ShardSettings, spawn: Spawn,
@@ -91,6 +95,8 @@ class DeploymentState:
         self._next_autoscale_at = 0.0
         self.target_replicas = spec.num_replicas
         self._routing_key: tuple | None = None
+        self._drains: dict[str, float] = {}  # draining node -> its deadline (shard clock)
+        self._drain_due = float("inf")  # when the next leaving replica must go
         self.ops = ops_factory(self)
         self._set_policy(spec)
 
@@ -150,6 +156,8 @@ class DeploymentState:
         if self.backoff.expired(now):
             self.backoff = self.backoff.with_expired()
             self._dirty = True
+        if now >= self._drain_due:
+            self._dirty = True
         if self._policy is not None and now >= self._next_autoscale_at:
             self._autoscale(now)
         if self._dirty:
@@ -166,15 +174,41 @@ class DeploymentState:
                                                           self.replicas, now):
             self._set_rank(replica_id, new)
 
+    def set_node_drains(self, drains: dict[str, float]) -> None:
+        """The draining nodes and their deadlines: replicas there are replaced elsewhere,
+        then drained (``reconcile``). O(replicas), once per change of the draining set."""
+        changed = {n for n in drains.keys() | self._drains.keys()
+                   if drains.get(n) != self._drains.get(n)}
+        self._drains = dict(drains)
+        if any(r.node_id in changed for r in self.replicas.records()):
+            self.mark_dirty()
+
+    def _must_go_at(self, node_id: str | None) -> float | None:
+        """When a replica on ``node_id`` must start its drain; None off draining nodes.
+        The drain itself takes up to the graceful timeout and the deregistration window."""
+        deadline = self._drains.get(node_id) if node_id is not None else None
+        if deadline is None:
+            return None
+        window = self.spec.direct_ingress.deregistration_window_s \
+            if self.spec.direct_ingress is not None else 0.0
+        return deadline - self.spec.graceful_shutdown_timeout_s - window - _DRAIN_MARGIN_S
+
     def snapshot(self, now: float) -> DeploymentSnapshot:
-        views = tuple(ReplicaView(r.replica_id, r.state, r.version,
-                                  self._config_versions.get(r.replica_id, ""), r.rank)
-                      for r in self.replicas.records())
+        self._drain_due = float("inf")
+        views = []
+        for r in self.replicas.records():
+            go_at = self._must_go_at(r.node_id) if self._drains else None
+            if go_at is not None and now < go_at:
+                self._drain_due = min(self._drain_due, go_at)
+            views.append(ReplicaView(r.replica_id, r.state, r.version,
+                                     self._config_versions.get(r.replica_id, ""), r.rank,
+                                     leaving=go_at is not None,
+                                     must_go=go_at is not None and now >= go_at))
         surge = max(1, int(self.settings.rolling_surge_fraction * self.target_replicas))
         return DeploymentSnapshot(
             target_replicas=self.target_replicas,
             target_version=self.rollout.serving.code_version,
-            target_config_version=self.config.serving[1], replicas=views,
+            target_config_version=self.config.serving[1], replicas=tuple(views),
             deleting=self.deleting, surge=surge,
             starts_blocked=self.backoff.blocked(now))
 

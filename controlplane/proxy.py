@@ -8,7 +8,8 @@ replica sets arrive by long-poll (``RoutingSubscriber``): no controller call per
 The response head is awaited before answering, so a backpressure rejection or a dead
 replica becomes a clean status code; the body then streams as the replica yields it.
 
-Endpoints of its own: ``/-/healthz`` ("success" once it holds a route table),
+Endpoints of its own: ``/-/healthz`` ("success" once it holds a route table, 503 while its
+node drains: readiness, not liveness; it keeps serving),
 ``/-/routes`` (JSON prefix -> app), ``/metrics`` (Prometheus text).
 """
 
@@ -28,6 +29,7 @@ from controlplane.clock import SystemClock
 from controlplane.proxy_fleet import proxy_actor_name
 from controlplane.proxy_metrics import ProxyMetrics
 from controlplane.routing.asgi import read_body, respond
+from controlplane.routing.bind import bind_host
 from controlplane.routing.route_table import RouteTable
 from controlplane.routing.router_set import RouterSet
 from controlplane.routing.subscriber import RoutingSubscriber
@@ -85,6 +87,7 @@ class ProxyApp:
         self._listener = listener
         self.table = RouteTable()
         self.has_routes = False
+        self.draining = False  # its node is draining: not ready, still serving
 
     def set_routes(self, update: RoutesUpdate) -> None:
         self.table = RouteTable(update.routes)
@@ -95,8 +98,9 @@ class ProxyApp:
             return
         path = scope["path"]
         if path == "/-/healthz":
-            ok = self.has_routes
-            await respond(send, 200 if ok else 503, b"success" if ok else b"no route table yet")
+            ok = self.has_routes and not self.draining
+            await respond(send, 200 if ok else 503, b"success" if ok else
+                          b"node draining" if self.draining else b"no route table yet")
         elif path == "/-/routes":
             await respond(send, 200, json.dumps(self.table.routes), content_type=b"application/json")
         elif path == "/metrics":
@@ -233,7 +237,7 @@ class Proxy:
             if restarted_by_ray():
                 await self._wait_routable(_RESTART_ROUTES_WAIT_S)
         if self._server is None:
-            sock = listen_socket(self._http["host"], self._http["port"],
+            sock = listen_socket(bind_host(self._http["host"]), self._http["port"],
                                  exclusive=self._exclusive)
             config = uvicorn.Config(self._app, log_level="warning", lifespan="off",
                                     access_log=False, timeout_keep_alive=30)
@@ -244,7 +248,7 @@ class Proxy:
             if self._serving.done():
                 raise RuntimeError(f"uvicorn stopped: {self._serving.exception()!r}")
             await asyncio.sleep(0.01)
-        return f"http://{self._http['host']}:{self._http['port']}"
+        return f"http://{bind_host(self._http['host'])}:{self._http['port']}"
 
     async def _wait_routable(self, timeout_s: float) -> None:
         """A restarted proxy listens only once it knows the routes and the replicas behind
@@ -257,6 +261,15 @@ class Proxy:
             await asyncio.sleep(0.02)
         logger.warning("restarted proxy: routes not all known after %.1fs; serving anyway",
                        timeout_s)
+
+    async def set_draining(self, draining: bool) -> None:
+        """Its node is draining: /-/healthz fails from now on; requests are still served."""
+        self._app.draining = draining
+
+    async def describe(self) -> dict:
+        return {"address": f"{bind_host(self._http['host'])}:{self._http['port']}",
+                "ready": self._app.has_routes and not self._app.draining,
+                "draining": self._app.draining}
 
     async def wait_until_stopped(self) -> None:
         """The controller's watch: pending until ``shutdown``; Ray fails it when this

@@ -4,19 +4,28 @@ port that cannot be bound rejects the deploy with nothing changed.
 
 A node's first listener is started alone and checks that the port is free; the others then
 join it on the shared port. A restarted controller adopts the listeners it finds alive.
+
+The fleet follows the nodes (``controller``'s ``NodeWatch``): a node that joins gets its
+listeners (``ensure`` again), a node that left is forgotten (its watch ended, its actors
+killed), and a draining node's listeners fail their readiness (``/-/healthz``) while they
+keep serving what they are sent; a listener Ray restarts on a draining node is told again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from controlplane.errors import DeployRejected
+from controlplane.nodes import read_nodes
 from controlplane.settings import Settings
 from controlplane.supervision import Supervisor
+
+logger = logging.getLogger(__name__)
 
 
 def proxy_actor_name(node_id: str, index: int) -> str:
@@ -29,19 +38,28 @@ class ProxyFleet:
         self._supervisor = supervisor
         self._http: dict | None = None
         self._proxies: dict[str, list[Any]] = {}  # node_id -> its listeners, by index
+        self._addresses: dict[str, str] = {}  # node_id -> the URL its listeners serve
+        self._draining: set[str] = set()
+        self._lock = asyncio.Lock()  # a deploy and the node watch may both ensure
 
     def addresses(self) -> list[str]:
-        if not self._http:
-            return []
-        return [f"http://{self._http['host']}:{self._http['port']}"] * len(self._proxies)
+        return [self._addresses[n] for n in sorted(self._addresses)]
+
+    def address_of(self, node_id: str) -> str | None:
+        return self._addresses.get(node_id)
 
     async def ensure(self, http_options: dict) -> None:
+        async with self._lock:
+            await self._ensure(http_options)
+
+    async def _ensure(self, http_options: dict) -> None:
         if self._http is not None and http_options != self._http:
             raise DeployRejected(
                 f"http_options cannot change on a running instance (running: {self._http}, "
                 f"requested: {http_options}); keep them or run `fleetplane shutdown` first")
-        nodes = [n["NodeID"] for n in ray.nodes()
-                 if n["Alive"] and n["NodeID"] not in self._proxies]
+        # not on a draining node: Ray places nothing new there (ready would never answer)
+        nodes = [n for n, info in (await asyncio.to_thread(read_nodes)).items()
+                 if info.alive and not info.draining and n not in self._proxies]
         listeners = _listeners(http_options)
         started: dict[str, list[Any]] = {node: [] for node in nodes}
         created: list[Any] = []
@@ -49,15 +67,45 @@ class ProxyFleet:
             batch = {(node, i): self._start(node, i, http_options) for node in nodes
                      for i in indexes}
             created += [proxy for proxy, new in batch.values() if new]
-            await self._ready(batch, created)
-            for (node, _), (proxy, _) in batch.items():
+            addresses = await self._ready(batch, created)
+            for (node, _), (proxy, _), address in zip(batch, batch.values(), addresses):
                 started[node].append(proxy)
+                self._addresses[node] = address
         self._proxies.update(started)
         self._http = dict(http_options)
         for node_id, proxies in started.items():  # a restarted proxy is told to serve again
             for i, proxy in enumerate(proxies):
-                self._supervisor.watch(f"proxy_{node_id[:12]}_{i}", proxy, proxy.ready.remote)
+                self._supervisor.watch(_watch_name(node_id, i), proxy,
+                                       lambda n=node_id, p=proxy: self._recover(n, p))
 
+    async def _recover(self, node_id: str, proxy: Any) -> None:
+        self._addresses[node_id] = await proxy.ready.remote()
+        if node_id in self._draining:
+            await proxy.set_draining.remote(True)
+
+    async def forget(self, node_ids: list[str]) -> None:
+        """Nodes that left: end their watches and kill what may be left of their actors."""
+        async with self._lock:
+            for node_id in node_ids:
+                proxies = self._proxies.pop(node_id, [])
+                self._addresses.pop(node_id, None)
+                self._draining.discard(node_id)
+                for i, proxy in enumerate(proxies):
+                    self._supervisor.unwatch(_watch_name(node_id, i))
+                    try:
+                        ray.kill(proxy, no_restart=True)
+                    except Exception:  # already gone with its node
+                        pass
+
+    async def set_draining(self, node_ids: set[str]) -> None:
+        """The listeners of draining nodes fail readiness from now on (and those of a
+        node no longer draining pass again); each call tells only the changed nodes."""
+        changed = (node_ids ^ self._draining) & set(self._proxies)
+        self._draining = set(node_ids)
+        calls = [p.set_draining.remote(n in node_ids) for n in changed for p in self._proxies[n]]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for error in (r for r in results if isinstance(r, BaseException)):
+            logger.warning("a draining node's listener was not told: %r", error)
     def _start(self, node_id: str, index: int, http_options: dict) -> tuple[Any, bool]:
         """(the listener, whether it was created now): a restarted controller adopts the
         listeners that kept serving."""
@@ -79,14 +127,14 @@ class ProxyFleet:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(self._settings.to_dict(), http_options, index, listeners, index == 0), True
 
-    async def _ready(self, batch: dict, created: list[Any]) -> None:
+    async def _ready(self, batch: dict, created: list[Any]) -> list[str]:
         """Wait for ``batch``'s listeners to serve; if one cannot, kill every listener
         ``created`` by this ``ensure`` (never an adopted one: it is serving) and reject."""
         results = await asyncio.gather(*(p.ready.remote() for p, _ in batch.values()),
                                        return_exceptions=True)
         failed = [(key, r) for key, r in zip(batch, results) if isinstance(r, BaseException)]
         if not failed:
-            return
+            return results
         for proxy in created:
             ray.kill(proxy, no_restart=True)
         (node, _), error = failed[0]
@@ -109,7 +157,11 @@ class ProxyFleet:
         await asyncio.gather(*(p.shutdown.remote() for p in proxies), return_exceptions=True)
         for proxy in proxies:
             ray.kill(proxy, no_restart=True)
-        self._proxies, self._http = {}, None
+        self._proxies, self._http, self._addresses, self._draining = {}, None, {}, set()
+
+
+def _watch_name(node_id: str, index: int) -> str:
+    return f"proxy_{node_id[:12]}_{index}"
 
 
 def _listeners(http_options: dict) -> int:

@@ -9,6 +9,13 @@ Rolling replacement: new-version replicas are started up to ``target + surge`` a
 replicas, and old-version replicas retire only as new ones become RUNNING, so serving
 capacity never drops below the target while a new version comes up (and an old version
 keeps serving if the new one fails to construct).
+
+Node drain (a spot interruption, a pod deletion): replicas on a draining node are
+``leaving``. Their replacements start at once, on other nodes (Ray places nothing new on
+a draining node), without waiting for a surge budget; a leaving replica retires only as
+replacements become RUNNING, so capacity never drops below the target while the node
+still serves, or when it ``must_go`` (its node's deadline is near): then it is stopped
+with the normal drain whatever else is running.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ class ReplicaView:
     version: str
     config_version: str
     rank: int | None
+    leaving: bool = False  # on a draining node
+    must_go: bool = False  # ...whose deadline leaves just the time to drain
 
 
 @dataclass(frozen=True)
@@ -61,12 +70,15 @@ def plan(s: DeploymentSnapshot) -> list[Action]:
     active = [r for r in s.replicas if r.state in ACTIVE_STATES]
     if s.deleting:
         return [StopReplica(r.replica_id, "application deleted") for r in active]
-    new = [r for r in active if r.version == s.target_version]
-    old = [r for r in active if r.version != s.target_version]
+    leaving = [r for r in active if r.leaving]
+    staying = [r for r in active if not r.leaving]
+    new = [r for r in staying if r.version == s.target_version]
+    old = [r for r in staying if r.version != s.target_version]
     old_serving = [r for r in old if r.state in SERVING_STATES]
     actions: list[Action] = [StopReplica(r.replica_id, "outdated version")
                              for r in old if r.state == ReplicaState.STARTING]
     actions += _scale_new(s, new, old_serving)
+    actions += _retire_leaving(s, new + old_serving, leaving)
     actions += _retire_old(s, new, old_serving)
     stopping = {a.replica_id for a in actions if isinstance(a, StopReplica)}
     due = [r for r in new if r.state == ReplicaState.RUNNING and r.replica_id not in stopping
@@ -88,6 +100,19 @@ def _scale_new(s: DeploymentSnapshot, new: list[ReplicaView],
         room = s.target_replicas + s.surge - len(new) - len(old_serving)
         missing = min(missing, max(room, 0))
     return [StartReplica() for _ in range(missing)]
+
+
+def _retire_leaving(s: DeploymentSnapshot, staying: list[ReplicaView],
+                    leaving: list[ReplicaView]) -> list[Action]:
+    """Replicas on a draining node: gone now when not serving yet or out of time, else
+    one per replacement that serves (staying serving above the target)."""
+    now = [r for r in leaving if r.must_go or r.state not in SERVING_STATES]
+    rest = [r for r in leaving if r not in now]
+    serving = sum(1 for r in staying if r.state in SERVING_STATES)
+    excess = serving + len(rest) - s.target_replicas
+    retire = len(rest) if s.target_replicas == 0 else min(len(rest), max(excess, 0))
+    return [StopReplica(r.replica_id, "its node is draining")
+            for r in now + _stop_order(rest)[:retire]]
 
 
 def _retire_old(s: DeploymentSnapshot, new: list[ReplicaView],

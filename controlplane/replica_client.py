@@ -112,6 +112,9 @@ class RayReplicaClient:
         runtime_env = {**dict(spec.runtime_env), **dict(options.pop("runtime_env", {}) or {})}
         if runtime_env:
             options["runtime_env"] = runtime_env
+        # One deployment's replicas on as many nodes as can take them (Serve does the same):
+        # a node that dies or drains takes few of them with it.
+        options.setdefault("scheduling_strategy", "SPREAD")
         return self._actor_cls.options(
             name=replica_actor_name(init.replica_id), namespace=self._namespace,
             lifetime="detached", max_restarts=0, max_concurrency=10_000,

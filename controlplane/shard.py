@@ -54,6 +54,7 @@ class ShardCore:
         self.routing = LongPollHost()  # key: str(DeploymentId) -> routing payload
         self.health_totals = HealthTotals()
         self._tick_backoffs: dict[DeploymentId, ErrorBackoff] = {}  # ticks that raised
+        self._drains: dict[str, float] = {}  # draining node -> deadline (this clock)
         self.ticks = 0
         self.last_tick_s = 0.0
 
@@ -80,14 +81,21 @@ class ShardCore:
         for spec in specs:
             state = self._deployments.get(spec.id)
             if state is None:  # new here: first take over its live replicas, if any
-                self._deployments[spec.id] = self._new_state(spec)
-                self._deployments[spec.id].adopt_existing()
+                self._deployments[spec.id] = state = self._new_state(spec)
+                state.set_node_drains(self._drains)
+                state.adopt_existing()
             else:
                 state.update_spec(spec)
         for dep_id in deleted:
             if dep_id in self._deployments:
                 self._deployments[dep_id].delete()
         self.ensure_running()
+
+    def set_node_drains(self, drains: dict[str, float]) -> None:
+        """Draining nodes -> deadline on this shard's clock (``math.inf``: none)."""
+        self._drains = dict(drains)
+        for state in self._deployments.values():
+            state.set_node_drains(self._drains)
 
     def set_desired(self, specs: list[DeploymentSpec]) -> None:
         """The whole desired set of this shard: owned deployments not in it are deleted."""
@@ -210,8 +218,18 @@ class ControllerShard:
     async def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
         self._core.apply(specs, deleted)
 
-    async def set_desired(self, specs: list[DeploymentSpec]) -> None:
+    async def set_desired(self, specs: list[DeploymentSpec],
+                          drains: dict[str, float] | None = None) -> None:
+        """The desired set (and, from a restarted controller's push, the draining nodes)."""
         self._core.set_desired(specs)
+        if drains is not None:
+            await self.set_node_drains(drains)
+
+    async def set_node_drains(self, drains: dict[str, float]) -> None:
+        """Draining nodes with wall-clock deadlines (seconds; ``inf`` for none), kept on
+        this shard's own monotonic clock."""
+        now, wall = self._core.now(), time.time()
+        self._core.set_node_drains({node: now + (until - wall) for node, until in drains.items()})
 
     async def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
         self._core.report_metrics(key, report)

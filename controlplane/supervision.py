@@ -60,6 +60,13 @@ class Supervisor:
                                                       name=f"watch {name}")
         self._watches[name] = task
 
+    def unwatch(self, name: str) -> None:
+        """Stop watching ``name`` (its node left: Ray will not restart it) and forget it."""
+        task = self._watches.pop(name, None)
+        if task is not None:
+            task.cancel()
+        self._records.pop(name, None)
+
     def stop_all(self) -> None:
         for task in self._watches.values():
             task.cancel()

@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable
 import uvicorn
 
 from controlplane.routing.asgi import read_body, respond
+from controlplane.routing.bind import bind_host
 from controlplane.wire import DirectIngressInit, HTTPRequestData
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class DirectIngress:
     """The listener: uvicorn on an ephemeral port, in the replica's event loop."""
 
     def __init__(self, app: DirectIngressApp, host: str) -> None:
-        self.app, self._host = app, host
+        self.app, self._host = app, bind_host(host)
         self._server: uvicorn.Server | None = None
         self._serving: asyncio.Task | None = None
         self.address = ""

@@ -79,10 +79,13 @@ class Paths:
 
 def render(paths: Paths, host: str, port: int, routes: dict[str, str],
            servers: dict[str, dict[str, str]] | None = None,
-           maxconn: dict[str, int] | None = None, timeout_server_s: float = 300.0) -> str:
+           maxconn: dict[str, int] | None = None, timeout_server_s: float = 300.0,
+           draining: bool = False) -> str:
     """``routes``: route prefix -> "app/deployment" of the application's ingress;
     ``servers``: backend -> server -> "host:port", the members at this (re)load, written
-    in so that a reload's new worker serves at once (later changes: runtime API)."""
+    in so that a reload's new worker serves at once (later changes: runtime API);
+    ``draining``: the node drains, so ``/-/healthz`` (readiness) answers 503 while every
+    other request is still served."""
     servers, maxconn = servers or {}, maxconn or {}
     lines = [
         "global",
@@ -108,8 +111,10 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         # A request the replica received and then died holding is not replayed when it
         # may have had effects: a POST or PATCH answers 502 (conn-failure retries stay).
         "    http-request disable-l7-retry if { method POST PATCH }",
-        "    http-request return status 200 content-type text/plain string success "
-        "if { path /-/healthz }",
+        ("    http-request return status 503 content-type text/plain string "
+         '"node draining" if { path /-/healthz }' if draining else
+         "    http-request return status 200 content-type text/plain string success "
+         "if { path /-/healthz }"),
         "    use_backend be_metrics if { path /metrics }",
         "    http-request return status 200 content-type application/json "
         f"string {_quoted(json.dumps(routes, sort_keys=True))} if {{ path /-/routes }}",

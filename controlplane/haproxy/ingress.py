@@ -34,6 +34,7 @@ from controlplane.haproxy.config import Paths, render
 from controlplane.haproxy.metrics import IngressMetrics
 from controlplane.haproxy.process import HAProxyProcess
 from controlplane.proxy import listen_socket
+from controlplane.routing.bind import bind_host
 from controlplane.routing.subscriber import RoutingSubscriber
 from controlplane.settings import Settings
 from controlplane.wire import RoutesUpdate, RoutingUpdate
@@ -58,6 +59,8 @@ class HAProxyIngress:
         self._process = HAProxyProcess(Paths(runtime_dir(self._settings.namespace, node_id)))
         self._routes: dict[str, str] | None = None  # prefix -> deployment key
         self._loaded_routes: dict[str, str] | None = None  # what HAProxy's config has
+        self._draining = False  # the node drains: readiness fails (a reload renders it)
+        self._loaded_draining = False
         self._deployments: dict[str, RoutingUpdate] = {}
         self._servers: membership.Servers = {}  # what the current worker has
         self._leaving: set[tuple[str, str]] = set()  # in maint, to delete once idle
@@ -85,7 +88,7 @@ class HAProxyIngress:
             self._subscriber.start()
             self._metrics.routing.statistics = self._subscriber.statistics
             self._task = asyncio.get_running_loop().create_task(self._sync_forever())
-        return f"http://{self._http['host']}:{self._http['port']}"
+        return f"http://{bind_host(self._http['host'])}:{self._http['port']}"
 
     async def _controller_health(self) -> dict:
         s = self._settings
@@ -94,13 +97,15 @@ class HAProxyIngress:
     def _start(self) -> None:
         if self._process.adopt():
             self._servers = self._process.servers()
-            self._loaded_routes = _routes_of(_read(self._process.paths.config))
+            loaded = _read(self._process.paths.config)
+            self._loaded_routes = _routes_of(loaded)
+            self._loaded_draining = self._draining = '"node draining"' in loaded
             logger.info("adopted the running HAProxy (pid %s) with %d backend(s)",
                         self._process.pid, len(self._servers))
             return
         # HAProxy's listeners share their port (SO_REUSEPORT): check first that nobody
         # holds it, or a stale HAProxy would silently take half the connections.
-        listen_socket(self._http["host"], self._http["port"], exclusive=True).close()
+        listen_socket(bind_host(self._http["host"]), self._http["port"], exclusive=True).close()
         self._load(self._process.start)
 
     def _load(self, start_or_reload) -> None:
@@ -108,9 +113,10 @@ class HAProxyIngress:
         serves every RUNNING replica from its first request."""
         routes, servers = dict(self._routes or {}), self._desired()
         maxconn = self._maxconn()
-        start_or_reload(render(self._process.paths, self._http["host"], self._http["port"],
-                               routes, servers, maxconn))
-        self._servers, self._loaded_routes = servers, routes
+        draining = self._draining
+        start_or_reload(render(self._process.paths, bind_host(self._http["host"]),
+                               self._http["port"], routes, servers, maxconn, draining=draining))
+        self._servers, self._loaded_routes, self._loaded_draining = servers, routes, draining
 
     # ---- desired state, from the long-polls ------------------------------------------
     def _on_routes(self, update: RoutesUpdate) -> None:
@@ -147,7 +153,8 @@ class HAProxyIngress:
         if not self._process.alive():
             logger.warning("HAProxy is not running; starting it with the current membership")
             self._load(self._process.start)
-        if self._routes is not None and self._routes != self._loaded_routes:
+        if (self._routes is not None and self._routes != self._loaded_routes) or \
+                self._draining != self._loaded_draining:
             self._load(self._process.reload)
         self._apply(membership.diff(self._servers, self._desired()))
         self._sweep()
@@ -235,13 +242,21 @@ class HAProxyIngress:
                 self._leaving.discard((backend, server))
 
     # ---- status and lifecycle --------------------------------------------------------
+    async def set_draining(self, draining: bool) -> None:
+        """Its node is draining: HAProxy's /-/healthz answers 503 after one reload; every
+        other request is still served."""
+        self._draining = draining
+        self._changed.set()
+
     async def describe(self) -> dict:
         try:
             workers = len(await asyncio.to_thread(self._process.workers))
         except OSError:  # the master is reloading or restarting
             workers = None
-        return {"address": f"{self._http['host']}:{self._http['port']}",
+        return {"address": f"{bind_host(self._http['host'])}:{self._http['port']}",
                 "pid": self._process.pid, "workers": workers,
+                "ready": self._routes is not None and not self._loaded_draining,
+                "draining": self._draining,
                 "servers": sum(len(s) for s in self._servers.values())}
 
     async def wait_until_stopped(self) -> None:

