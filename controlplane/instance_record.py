@@ -25,10 +25,13 @@ from controlplane.errors import NoInstance
 _REACH_TIMEOUT_S = 3.0
 
 
+def state_dir() -> Path:
+    return Path(os.environ.get("FLEETPLANE_STATE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"fleetplane-{os.getuid()}"))
+
+
 def _record_path() -> Path:
-    base = os.environ.get("FLEETPLANE_STATE_DIR") or os.path.join(
-        tempfile.gettempdir(), f"fleetplane-{os.getuid()}")
-    return Path(base) / "instance.json"
+    return state_dir() / "instance.json"
 
 
 def write_record(address: str, auth_mode: str | None) -> None:

@@ -15,6 +15,8 @@ import time
 from controlplane.config import load_deploy_config
 from controlplane.errors import BuildError, ConfigError, DeployRejected, NoInstance
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
+from fleetplane.cli_cluster import add_cluster_parser, cmd_start_local_cluster
+from fleetplane.cli_probe import add_probe_parser, cmd_probe
 from fleetplane.progress import progress_lines, render_table, total_replicas
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
@@ -40,13 +42,27 @@ def _parser() -> argparse.ArgumentParser:
     for sp in (deploy, status, sub.choices["shutdown"]):
         sp.add_argument("--address", help="Ray cluster address (default: the local one)")
     add_llm_health_parser(sub)
+    add_probe_parser(sub)
+    add_cluster_parser(sub)
+    k8s = sub.add_parser("k8s", help="Kubernetes manifests").add_subparsers(
+        dest="k8s_command", required=True)
+    render = k8s.add_parser("render", help="print a KubeRay RayCluster (ray.io/v1), its "
+                            "config and a Service for CONFIG, with probes and drain hooks")
+    render.add_argument("config")
+    render.add_argument("--name", default="fleetplane", help="the RayCluster's name")
+    render.add_argument("--image", default=None, help="the Ray image with fleetplane "
+                        "installed (default: rayproject/ray:2.60.0-py311)")
+    render.add_argument("--workers", type=int, default=2, help="CPU worker pods (default 2)")
+    render.add_argument("--gb10-workers", type=int, default=0,
+                        help="GB10 worker pods: resources {GB10: 1} and one GPU (default 0)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handlers = {"run": cmd_run, "deploy": cmd_deploy, "status": cmd_status,
-                "shutdown": cmd_shutdown, "llm-health": cmd_llm_health}
+                "shutdown": cmd_shutdown, "llm-health": cmd_llm_health, "probe": cmd_probe,
+                "start-local-cluster": cmd_start_local_cluster, "k8s": cmd_k8s}
     try:
         return handlers[args.command](args)
     except ConfigError as e:
@@ -233,6 +249,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     client = _attach(args.address)
     status = client.status()
     print(json.dumps(status, indent=2) if args.json else render_table(status))
+    return EXIT_OK
+
+
+def cmd_k8s(args: argparse.Namespace) -> int:
+    from fleetplane import k8s
+
+    if args.workers < 0 or args.gb10_workers < 0:
+        print("error: --workers and --gb10-workers must be 0 or more", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    load_deploy_config(args.config)  # invalid: exit 2, nothing printed
+    import yaml
+
+    with open(args.config) as f:
+        cfg = yaml.safe_load(f)  # the user's own file, not its normalized form
+    print(k8s.render_yaml(k8s.render(cfg, args.name, args.image or k8s.RAY_IMAGE,
+                                     args.workers, args.gb10_workers)), end="")
     return EXIT_OK
 
 

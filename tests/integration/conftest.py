@@ -16,6 +16,7 @@ import ray
 from controlplane.config import parse_deploy_config
 from controlplane.instance import Client, start_local_ray
 from controlplane.settings import Settings
+from tests import ray_session
 
 
 def _free_port() -> int:
@@ -34,9 +35,13 @@ def fleet() -> Client:
     start_local_ray(num_cpus=2)
     client = Client()
     client.start_controller()
+
+    def stop() -> None:
+        client.shutdown(timeout_s=30)
+        ray.shutdown()
+    stop_once = ray_session.on_release(stop)  # the multi-node tests stop it before theirs
     yield client
-    client.shutdown(timeout_s=30)
-    ray.shutdown()
+    stop_once()
 
 
 def app(name: str, import_path: str = "tests.integration.apps:Model", *,

@@ -1,0 +1,155 @@
+"""``fleetplane start-local-cluster``: a multi-node Ray on this machine, for development.
+
+``fleetplane start-local-cluster --nodes N [--resources JSON]... [--num-cpus C]
+[--port P]`` starts one ``ray start --block`` process per node, each raylet on its own
+loopback address (head 127.0.0.2, workers 127.0.0.3 and up; 127.0.0.1 is not used because
+Ray rewrites it to the machine's address), so that with ``http_options.host: node_ip``
+each node's listener binds the same port on its own address. The k-th ``--resources``
+goes to the k-th worker (``'{"GB10": 1}'``). Ray 2.60's ``ray start --head`` turns on
+token authentication: the workers are started with ``RAY_AUTH_MODE=token``, and so must be
+every process that joins (the command prints the line to use).
+
+``--stop`` sends SIGTERM to each node's ``ray start --block`` process (workers first),
+which drains the node as a spot interruption would, and waits for it to end. What was
+started is recorded beside ``fleetplane run``'s instance record (``local-cluster.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from controlplane.instance_record import state_dir
+from fleetplane.cli_probe import check_url
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+HEAD_IP = "127.0.0.2"
+_READY_TIMEOUT_S = 90.0
+
+
+def add_cluster_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("start-local-cluster", help="start a multi-node Ray on this machine "
+                       "(one raylet per loopback address) and print its address; --stop ends it")
+    p.add_argument("--nodes", type=int, default=3, help="head included (default 3)")
+    p.add_argument("--resources", action="append", default=[], metavar="JSON",
+                   help="custom resources of the next worker node, e.g. '{\"GB10\": 1}' "
+                   "(repeatable: the k-th goes to the k-th worker)")
+    p.add_argument("--num-cpus", type=int, default=2, help="logical CPUs per node (default 2)")
+    p.add_argument("--port", type=int, default=6379, help="the head's GCS port (default 6379)")
+    p.add_argument("--stop", action="store_true", help="stop the nodes started here before")
+    return p
+
+
+def _record() -> Path:
+    return state_dir() / "local-cluster.json"
+
+
+def cmd_start_local_cluster(args: argparse.Namespace) -> int:
+    if args.stop:
+        return _stop()
+    if args.nodes < 1:
+        print("error: --nodes must be at least 1 (the head)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        resources = [json.loads(r) for r in args.resources]
+    except ValueError as e:
+        print(f"error: --resources must be a JSON object, e.g. '{{\"GB10\": 1}}': {e}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if len(resources) > args.nodes - 1 or not all(isinstance(r, dict) for r in resources):
+        print(f"error: give at most one --resources JSON object per worker "
+              f"({args.nodes - 1} worker(s))", file=sys.stderr)
+        return EXIT_USAGE
+    if _record().exists():
+        print(f"error: a local cluster is recorded in {_record()}; stop it first with "
+              "`fleetplane start-local-cluster --stop`", file=sys.stderr)
+        return EXIT_FAILED
+    return _start(args, resources)
+
+
+def _start(args: argparse.Namespace, resources: list[dict]) -> int:
+    address = f"{HEAD_IP}:{args.port}"
+    logs = state_dir() / "local-cluster"
+    logs.mkdir(parents=True, exist_ok=True)
+    nodes = []
+    for i in range(args.nodes):
+        ip = f"127.0.0.{i + 2}"
+        agent_port = 52365 + i
+        command = [str(Path(sys.executable).with_name("ray")), "start", "--block", "--node-ip-address", ip,
+                   "--num-cpus", str(args.num_cpus), "--dashboard-agent-listen-port",
+                   str(agent_port), "--disable-usage-stats"]
+        command += ["--head", "--port", str(args.port), "--include-dashboard", "false"] \
+            if i == 0 else ["--address", address]
+        if i > 0 and i - 1 < len(resources):
+            command += ["--resources", json.dumps(resources[i - 1])]
+        env = {**os.environ, "RAY_AUTH_MODE": "token"} if i > 0 else dict(os.environ)
+        log = logs / f"node-{ip}.log"
+        proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        nodes.append({"ip": ip, "pid": proc.pid, "agent_port": agent_port, "log": str(log)})
+        _record().write_text(json.dumps({"address": address, "nodes": nodes}))
+        if not _wait_ready(ip, agent_port, proc, log):
+            _stop()
+            return EXIT_FAILED
+        print(f"node {ip} up (agent port {agent_port}, log {log})", flush=True)
+    print(f"local cluster of {args.nodes} node(s) at {address}\n"
+          f"  export RAY_AUTH_MODE=token\n"
+          f"  fleetplane run CONFIG --address {address}   (http_options.host: node_ip)\n"
+          f"  fleetplane start-local-cluster --stop")
+    return EXIT_OK
+
+
+def _wait_ready(ip: str, agent_port: int, proc: subprocess.Popen, log: Path) -> bool:
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    url = f"http://{ip}:{agent_port}/api/local_raylet_healthz"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text()[-2000:]
+            print(f"error: the node at {ip} exited ({proc.returncode}):\n{tail}", file=sys.stderr)
+            return False
+        if not check_url(url, 0.5):
+            return True
+        time.sleep(0.5)
+    print(f"error: the node at {ip} was not healthy within {_READY_TIMEOUT_S:.0f}s; see {log}",
+          file=sys.stderr)
+    return False
+
+
+def _stop() -> int:
+    try:
+        record = json.loads(_record().read_text())
+    except (OSError, ValueError):
+        print("no local cluster recorded: nothing to stop")
+        return EXIT_OK
+    for node in reversed(record["nodes"]):  # workers first, the head last
+        _terminate(node)
+    _record().unlink(missing_ok=True)
+    print(f"stopped the local cluster at {record['address']}")
+    return EXIT_OK
+
+
+def _terminate(node: dict, timeout_s: float = 60.0) -> None:
+    try:
+        os.kill(node["pid"], signal.SIGTERM)  # ray start --block drains its node
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(node["pid"], os.WNOHANG)
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(node["pid"], 0)
+        except ProcessLookupError:
+            print(f"node {node['ip']} stopped")
+            return
+        time.sleep(0.2)
+    os.kill(node["pid"], signal.SIGKILL)
+    print(f"node {node['ip']} killed (not stopped within {timeout_s:.0f}s)")

@@ -1,0 +1,72 @@
+"""``fleetplane probe readiness|liveness``: a node's own Kubernetes probes (seed 004).
+
+Each node's serving health is decided by a probe on that node, not by a central checker
+walking every pod. Run inside a node's pod:
+
+- ``liveness``: the local raylet is healthy (Ray's dashboard agent on the node answers
+  ``/api/local_raylet_healthz``). A node that is not ready is not restarted for that.
+- ``readiness``: liveness, and this node's listener answers ``/-/healthz`` "success": it
+  holds a route table and its node is not draining (a draining node's listener answers
+  503 at once and keeps serving what it is sent). With ``--head``, readiness is liveness
+  alone: the head must become ready before any application exists (the seed's circular
+  dependency); its HTTP health stays with the controller.
+
+Exit 0 (ok) or 1 (not), one line of why; each check gives up after ``--timeout-s``
+(0.4 s by default, so both answer within a second). Needs no Ray import and no driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import urllib.error
+import urllib.request
+
+EXIT_OK, EXIT_NOT = 0, 1
+AGENT_PORT = 52365  # Ray's default dashboard agent port (ray start --dashboard-agent-listen-port)
+
+
+def add_probe_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("probe", help="this node's readiness or liveness, for Kubernetes "
+                       "probes: exit 0 or 1 with one line of why")
+    p.add_argument("kind", choices=["readiness", "liveness"])
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the node's address its listener and Ray's agent serve on "
+                   "(default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="readiness: the HTTP port, http_options.port (default 8000)")
+    p.add_argument("--agent-port", type=int, default=AGENT_PORT,
+                   help=f"Ray's dashboard agent port on this node (default {AGENT_PORT})")
+    p.add_argument("--head", action="store_true",
+                   help="this is the head node: readiness is liveness alone")
+    p.add_argument("--timeout-s", type=float, default=0.4, help="per check (default 0.4)")
+    return p
+
+
+def check_url(url: str, timeout_s: float) -> str:
+    """"" when ``url`` answers 200 "success", else why not, in a few words."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            body = response.read(200).decode(errors="replace").strip()
+            return "" if body == "success" else f"{url} answered {body!r}"
+    except urllib.error.HTTPError as e:
+        return f"{url} answered {e.code} {e.read(200).decode(errors='replace').strip()!r}"
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        return f"{url} did not answer ({reason})"
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    raylet = check_url(f"http://{args.host}:{args.agent_port}/api/local_raylet_healthz",
+                    args.timeout_s)
+    if raylet:
+        print(f"not {'alive' if args.kind == 'liveness' else 'ready'}: raylet: {raylet}")
+        return EXIT_NOT
+    if args.kind == "liveness" or args.head:
+        print(f"{'alive' if args.kind == 'liveness' else 'ready'}: the raylet is healthy")
+        return EXIT_OK
+    listener = check_url(f"http://{args.host}:{args.port}/-/healthz", args.timeout_s)
+    if listener:
+        print(f"not ready: listener: {listener}")
+        return EXIT_NOT
+    print(f"ready: the raylet is healthy and {args.host}:{args.port} routes")
+    return EXIT_OK

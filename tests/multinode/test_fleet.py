@@ -1,0 +1,145 @@
+"""A fleet on a real multi-node Ray (head + 2 workers on loopback addresses, see
+conftest): listeners follow nodes, GB10 placement, a killed node, a drained node under
+load, and the probe commands against live nodes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ray
+import requests
+
+from fleetplane.cli import main
+from tests.multinode.conftest import (HEAD_IP, app, extra_node, node_row, replicas_of,
+                                      running, wait_for)
+
+_PREEMPTION = 2  # Ray's DrainNodeReason: what a spot interruption notice sends
+
+
+def listener_ready(ip: str):
+    def check(status: dict) -> bool:
+        row = node_row(status, ip)
+        return bool(row and row["proxy"] and row["proxy"]["ready"])
+    return check
+
+
+def test_every_node_serves_and_the_listeners_follow_nodes_joining_and_leaving(cluster):
+    client = cluster.client
+    cluster.deploy(app("spread", num_replicas=3))
+    ips = [HEAD_IP, "127.0.0.3", "127.0.0.4"]
+    status = wait_for(client, lambda s: running("spread", 3)(s) and all(
+        listener_ready(ip)(s) for ip in ips), what="3 replicas and a listener per node")
+    assert len({r["node_id"] for r in replicas_of(status, "spread")}) >= 2  # SPREAD
+    for ip in ips:
+        assert requests.get(f"{cluster.url(ip)}/spread", timeout=10).status_code == 200
+    with extra_node(cluster) as (node, ip, node_id):
+        wait_for(client, listener_ready(ip), timeout_s=30, what=f"a listener on {ip}")
+        assert requests.get(f"{cluster.url(ip)}/spread", timeout=10).status_code == 200
+        cluster.cluster.remove_node(node)
+        status = wait_for(client, lambda s: node_row(s, ip) is None, timeout_s=60,
+                          what=f"{ip} gone")
+        assert not any(name.startswith(f"proxy_{node_id[:12]}")
+                       for name in status["controller"]["actors"])
+
+
+def test_gb10_replicas_go_only_where_gb10_is_and_the_rest_is_reported(cluster):
+    client = cluster.client
+    cluster.deploy(app("gb10", num_replicas=2,
+                       ray_actor_options={"num_cpus": 0, "resources": {"GB10": 1}}))
+    gb10_node = next(n["node_id"] for n in client.status()["nodes"]
+                     if n["resources"].get("GB10"))
+
+    def one_placed(status: dict) -> bool:
+        reps = replicas_of(status, "gb10")
+        return sum(r["state"] == "RUNNING" for r in reps) == 1
+    status = wait_for(client, one_placed, what="the GB10 replica")
+    dep = status["applications"]["gb10"]["deployments"]["Model"]
+    [placed] = [r for r in dep["replicas"] if r["state"] == "RUNNING"]
+    assert placed["node_id"] == gb10_node
+    assert "at most 1 of 2 replicas can be placed" in dep["placement"]
+    assert "GB10" in dep["placement"]
+
+
+def test_a_killed_nodes_replicas_are_replaced_on_other_nodes_with_compact_ranks(cluster):
+    client = cluster.client
+    with extra_node(cluster, pool=8) as (node, ip, node_id):
+        cluster.deploy(app("churn", num_replicas=2,
+                           ray_actor_options={"num_cpus": 0, "resources": {"pool": 1}}))
+        status = wait_for(client, running("churn", 2), what="2 pool replicas")
+        assert node_id in {r["node_id"] for r in replicas_of(status, "churn")}  # SPREAD
+        cluster.cluster.remove_node(node, allow_graceful=False)
+        status = wait_for(client, lambda s: running("churn", 2)(s) and node_id not in
+                          {r["node_id"] for r in replicas_of(s, "churn")}, timeout_s=90,
+                          what="replacements on the surviving pool node")
+    assert sorted(r["rank"] for r in replicas_of(status, "churn")) == [0, 1]
+    assert requests.get(f"{cluster.url()}/churn", timeout=10).status_code == 200
+
+
+class Load:
+    """Steady GETs through the head's listener from a few threads; counts failures."""
+
+    def __init__(self, url: str, threads: int = 4) -> None:
+        self.url, self.sent, self.failed = url, 0, []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True)
+                         for _ in range(threads)]
+
+    def _run(self) -> None:
+        session = requests.Session()
+        while not self._stop.is_set():
+            try:
+                r = session.get(self.url, timeout=10)
+                ok, why = r.status_code == 200, r.status_code
+            except requests.RequestException as e:
+                ok, why = False, type(e).__name__
+            self.sent += 1
+            if not ok:
+                self.failed.append(why)
+            time.sleep(0.02)
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+
+def probe(*args: str) -> int:
+    return main(["probe", *args])
+
+
+def test_a_drained_node_loses_no_request_and_its_replicas_move_before_the_deadline(cluster):
+    client = cluster.client
+    with extra_node(cluster, pool=8) as (node, ip, node_id):
+        cluster.deploy(app("drain", num_replicas=2,
+                           ray_actor_options={"num_cpus": 0, "resources": {"pool": 1}}))
+        status = wait_for(client, lambda s: running("drain", 2)(s) and listener_ready(ip)(s),
+                          what="2 pool replicas and the new node's listener")
+        assert node_id in {r["node_id"] for r in replicas_of(status, "drain")}
+        port, agent = str(cluster.port), str(cluster.agent_ports[ip])
+        assert probe("readiness", "--host", ip, "--port", port, "--agent-port", agent) == 0
+        with Load(f"{cluster.url()}/drain") as load:
+            time.sleep(1.0)  # load flowing before the notice
+            deadline = time.time() + 40
+            ray._private.worker.global_worker.gcs_client.drain_node(
+                node_id, _PREEMPTION, "spot interruption (test)", int(deadline * 1000))
+            wait_for(client, lambda s: (node_row(s, ip) or {}).get("draining"),
+                     timeout_s=10, what="the drain seen")
+            assert probe("readiness", "--host", ip, "--port", port,
+                         "--agent-port", agent) == 1
+            assert probe("liveness", "--host", ip, "--agent-port", agent) == 0
+            assert requests.get(f"{cluster.url(ip)}/drain", timeout=10).status_code == 200
+            wait_for(client, lambda s: running("drain", 2)(s) and node_id not in
+                     {r["node_id"] for r in replicas_of(s, "drain")}, timeout_s=60,
+                     what="the replicas moved off the draining node")
+            moved_at = time.time()
+            time.sleep(1.0)
+        assert moved_at < deadline
+        assert load.sent > 50 and load.failed == []
+        head = str(cluster.agent_ports[HEAD_IP])
+        assert probe("readiness", "--host", HEAD_IP, "--port", port, "--agent-port", head) == 0
