@@ -9,6 +9,7 @@ import time
 
 import ray
 import requests
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fleetplane.cli import main
 from tests.multinode.conftest import (HEAD_IP, app, extra_node, node_row, replicas_of,
@@ -61,13 +62,34 @@ def test_gb10_replicas_go_only_where_gb10_is_and_the_rest_is_reported(cluster):
     assert "GB10" in dep["placement"]
 
 
+@ray.remote(num_cpus=0)
+class PoolHolder:
+    """Holds what is free of the CPU worker's "pool" while replicas are placed, so that
+    they all land on the node a test is about to kill or drain; killed before that."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def place_on_extra_node(cluster, name: str, n: int) -> dict:
+    cpu_worker = next(n["NodeID"] for n in ray.nodes()
+                      if n["Alive"] and n["NodeManagerAddress"] == "127.0.0.3")
+    free = ray._private.state.state.available_resources_per_node()[cpu_worker].get("pool", 0)
+    holder = PoolHolder.options(resources={"pool": free}, scheduling_strategy=(
+        NodeAffinitySchedulingStrategy(cpu_worker, soft=False))).remote()
+    ray.get(holder.ready.remote(), timeout=60)
+    cluster.deploy(app(name, num_replicas=n,
+                       ray_actor_options={"num_cpus": 0, "resources": {"pool": 1}}))
+    status = wait_for(cluster.client, running(name, n), what=f"{n} pool replicas")
+    ray.kill(holder)  # room on the CPU worker again, for the replacements
+    return status
+
+
 def test_a_killed_nodes_replicas_are_replaced_on_other_nodes_with_compact_ranks(cluster):
     client = cluster.client
     with extra_node(cluster, pool=8) as (node, ip, node_id):
-        cluster.deploy(app("churn", num_replicas=2,
-                           ray_actor_options={"num_cpus": 0, "resources": {"pool": 1}}))
-        status = wait_for(client, running("churn", 2), what="2 pool replicas")
-        assert node_id in {r["node_id"] for r in replicas_of(status, "churn")}  # SPREAD
+        status = place_on_extra_node(cluster, "churn", 2)
+        assert {r["node_id"] for r in replicas_of(status, "churn")} == {node_id}
         cluster.cluster.remove_node(node, allow_graceful=False)
         status = wait_for(client, lambda s: running("churn", 2)(s) and node_id not in
                           {r["node_id"] for r in replicas_of(s, "churn")}, timeout_s=90,
@@ -116,11 +138,9 @@ def probe(*args: str) -> int:
 def test_a_drained_node_loses_no_request_and_its_replicas_move_before_the_deadline(cluster):
     client = cluster.client
     with extra_node(cluster, pool=8) as (node, ip, node_id):
-        cluster.deploy(app("drain", num_replicas=2,
-                           ray_actor_options={"num_cpus": 0, "resources": {"pool": 1}}))
-        status = wait_for(client, lambda s: running("drain", 2)(s) and listener_ready(ip)(s),
-                          what="2 pool replicas and the new node's listener")
-        assert node_id in {r["node_id"] for r in replicas_of(status, "drain")}
+        status = place_on_extra_node(cluster, "drain", 2)
+        assert {r["node_id"] for r in replicas_of(status, "drain")} == {node_id}
+        wait_for(client, listener_ready(ip), what="the new node's listener")
         port, agent = str(cluster.port), str(cluster.agent_ports[ip])
         assert probe("readiness", "--host", ip, "--port", port, "--agent-port", agent) == 0
         with Load(f"{cluster.url()}/drain") as load:
