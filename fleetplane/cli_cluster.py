@@ -73,28 +73,36 @@ def cmd_start_local_cluster(args: argparse.Namespace) -> int:
     return _start(args, resources)
 
 
+def start_node(ip: str, head: str | None, port: int, num_cpus: int, resources: dict,
+               agent_port: int, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """One ``ray start --block`` node on ``ip``: the head when ``head`` is None, else a
+    worker joining ``head`` (with ``RAY_AUTH_MODE=token``)."""
+    command = [str(Path(sys.executable).with_name("ray")), "start", "--block",
+               "--node-ip-address", ip, "--num-cpus", str(num_cpus),
+               "--dashboard-agent-listen-port", str(agent_port), "--disable-usage-stats"]
+    command += ["--head", "--port", str(port), "--include-dashboard", "false"] \
+        if head is None else ["--address", head]
+    if resources:
+        command += ["--resources", json.dumps(resources)]
+    env = {**os.environ, **(env or {}), **({"RAY_AUTH_MODE": "token"} if head else {})}
+    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
 def _start(args: argparse.Namespace, resources: list[dict]) -> int:
     address = f"{HEAD_IP}:{args.port}"
     logs = state_dir() / "local-cluster"
     logs.mkdir(parents=True, exist_ok=True)
     nodes = []
     for i in range(args.nodes):
-        ip = f"127.0.0.{i + 2}"
-        agent_port = 52365 + i
-        command = [str(Path(sys.executable).with_name("ray")), "start", "--block", "--node-ip-address", ip,
-                   "--num-cpus", str(args.num_cpus), "--dashboard-agent-listen-port",
-                   str(agent_port), "--disable-usage-stats"]
-        command += ["--head", "--port", str(args.port), "--include-dashboard", "false"] \
-            if i == 0 else ["--address", address]
-        if i > 0 and i - 1 < len(resources):
-            command += ["--resources", json.dumps(resources[i - 1])]
-        env = {**os.environ, "RAY_AUTH_MODE": "token"} if i > 0 else dict(os.environ)
+        ip, agent_port = f"127.0.0.{i + 2}", 52365 + i
         log = logs / f"node-{ip}.log"
-        proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        extra = resources[i - 1] if 0 < i <= len(resources) else {}
+        proc = start_node(ip, None if i == 0 else address, args.port, args.num_cpus, extra,
+                          agent_port, log)
         nodes.append({"ip": ip, "pid": proc.pid, "agent_port": agent_port, "log": str(log)})
         _record().write_text(json.dumps({"address": address, "nodes": nodes}))
-        if not _wait_ready(ip, agent_port, proc, log):
+        if not wait_ready(ip, agent_port, proc, log):
             _stop()
             return EXIT_FAILED
         print(f"node {ip} up (agent port {agent_port}, log {log})", flush=True)
@@ -105,7 +113,7 @@ def _start(args: argparse.Namespace, resources: list[dict]) -> int:
     return EXIT_OK
 
 
-def _wait_ready(ip: str, agent_port: int, proc: subprocess.Popen, log: Path) -> bool:
+def wait_ready(ip: str, agent_port: int, proc: subprocess.Popen, log: Path) -> bool:
     deadline = time.monotonic() + _READY_TIMEOUT_S
     url = f"http://{ip}:{agent_port}/api/local_raylet_healthz"
     while time.monotonic() < deadline:
@@ -128,13 +136,13 @@ def _stop() -> int:
         print("no local cluster recorded: nothing to stop")
         return EXIT_OK
     for node in reversed(record["nodes"]):  # workers first, the head last
-        _terminate(node)
+        terminate(node)
     _record().unlink(missing_ok=True)
     print(f"stopped the local cluster at {record['address']}")
     return EXIT_OK
 
 
-def _terminate(node: dict, timeout_s: float = 60.0) -> None:
+def terminate(node: dict, timeout_s: float = 60.0) -> None:
     try:
         os.kill(node["pid"], signal.SIGTERM)  # ray start --block drains its node
     except ProcessLookupError:

@@ -51,8 +51,10 @@ class Load:
     """``threads`` keep-alive connections, each sending POSTs at ``rate / threads``/s (as
     LLM completions are: HAProxy does not replay a POST a replica received)."""
 
-    def __init__(self, port: int, rate: float, threads: int = 8) -> None:
+    def __init__(self, port: int, rate: float, threads: int = 8, host: str = "127.0.0.1",
+                 path: str = f"/{APP}") -> None:
         self._port, self._period, self._threads = port, threads / rate, threads
+        self._host, self._path = host, path
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.results: list[tuple[float, bool, str]] = []
@@ -65,13 +67,13 @@ class Load:
         self._stop.set()
 
     def _run(self, offset: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=30)
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=30)
         next_at = time.monotonic() + offset * self._period / self._threads
         while not self._stop.is_set():
             time.sleep(max(0.0, next_at - time.monotonic()))
             next_at += self._period
             try:
-                conn.request("POST", f"/{APP}", body=b'{"prompt": "x"}',
+                conn.request("POST", self._path, body=b'{"prompt": "x"}',
                              headers={"Content-Type": "application/json"})
                 reply = conn.getresponse()
                 reply.read()
@@ -79,7 +81,7 @@ class Load:
             except Exception as e:  # reset, refused, closed: a client-visible error
                 ok, why = False, type(e).__name__
                 conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=30)
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=30)
             with self._lock:
                 self.results.append((time.monotonic(), ok, why))
 
