@@ -7,6 +7,7 @@ address. Tests may add a node (``add_node``: 127.0.0.5 and up) and must remove i
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import socket
 import time
@@ -38,7 +39,20 @@ class LocalCluster:
     client: Client
     port: int
     agent_ports: dict[str, int] = field(default_factory=dict)  # node ip -> agent port
+    ingress: str = "proxy"
     _next_ip: Iterator[int] = field(default_factory=lambda: itertools.count(5))
+
+    @contextmanager
+    def own_instance(self, name: str, ingress: str) -> Iterator["LocalCluster"]:
+        """A fleetplane instance of its own on this cluster (namespace, controller, port:
+        http_options cannot change on a running instance), shut down afterwards."""
+        client = Client(Settings(namespace=name, controller_name=f"{name}_controller",
+                                 checkpoint_key=f"{name}/controller/checkpoint"))
+        client.start_controller()
+        try:
+            yield dataclasses.replace(self, client=client, port=_free_port(), ingress=ingress)
+        finally:
+            client.shutdown(timeout_s=30)
 
     def url(self, ip: str = HEAD_IP) -> str:
         return f"http://{ip}:{self.port}"
@@ -48,9 +62,10 @@ class LocalCluster:
         node = self.cluster.add_node(**_node_args(ip, self.agent_ports, 1, resources))
         return node, ip
 
-    def deploy(self, *apps: dict, ingress: str = "proxy") -> dict:
+    def deploy(self, *apps: dict) -> dict:
         cfg = {"applications": list(apps), "controller_options": {"num_shards": 2},
-               "http_options": {"host": "node_ip", "port": self.port, "ingress": ingress}}
+               "http_options": {"host": "node_ip", "port": self.port, "ingress": self.ingress,
+                                "proxies_per_node": 1}}
         return self.client.deploy(parse_deploy_config(cfg))
 
 

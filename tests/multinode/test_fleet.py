@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import ray
 import requests
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -135,7 +136,17 @@ def probe(*args: str) -> int:
     return main(["probe", *args])
 
 
-def test_a_drained_node_loses_no_request_and_its_replicas_move_before_the_deadline(cluster):
+@pytest.mark.parametrize("ingress", ["proxy", "haproxy"])
+def test_a_drained_node_loses_no_request_and_its_replicas_move_before_the_deadline(
+        cluster, ingress):
+    if ingress == "proxy":
+        _drain_under_load(cluster)
+        return
+    with cluster.own_instance("fleetplane_haproxy_fleet", "haproxy") as instance:
+        _drain_under_load(instance)
+
+
+def _drain_under_load(cluster) -> None:
     client = cluster.client
     with extra_node(cluster, pool=8) as (node, ip, node_id):
         status = place_on_extra_node(cluster, "drain", 2)

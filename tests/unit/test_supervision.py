@@ -112,3 +112,17 @@ def test_run_reports_each_outage_and_restart_once(capsys):
         "control plane: shard_0 died (killed); Ray is restarting it",
         "control plane: shard_0 restarted by Ray and recovered (1 restart(s); last: killed)",
     ]  # a count back at 0 (the controller itself restarted) is not news
+
+
+def test_an_unwatched_actor_is_neither_recovered_nor_listed():
+    """A node that left: Ray will not restart its listeners, so recovering them would
+    retry for ever; ``unwatch`` ends the watch and drops it from status."""
+    async def main():
+        supervisor, gone, recover = Supervisor(), FakeActor(), Recovery(failures=10**6)
+        supervisor.watch("proxy_node_0", gone, recover)
+        await wait_all_tasks_blocked()
+        supervisor.unwatch("proxy_node_0")
+        gone.die()
+        await asyncio.sleep(10.0)
+        assert recover.calls == 0 and "proxy_node_0" not in supervisor.statistics()
+    run_virtual(FakeClock(), main)
