@@ -11,6 +11,10 @@ resumes from the checkpoint as soon as anyone calls it (proxies long-poll it all
 time), adopting the shards and proxies it finds alive. The controller watches shards and
 proxies (``supervision.Supervisor``): a restarted shard is sent its desired state again
 and re-adopts its replicas; a restarted proxy is told to serve again.
+
+The fleet follows the nodes (``nodes.NodeWatch``, one GCS reading a second): listeners
+on every alive node, forgotten when it leaves; a draining node's listeners fail
+readiness and the shards move its replicas before its deadline.
 """
 
 from __future__ import annotations
@@ -182,7 +186,10 @@ class Controller:
         """Shard ``index``'s whole desired set (also what a restarted shard recovers from)."""
         k = len(self._shards)
         specs = [s for s in self._specs.values() if shard_of(s.id, k) == index]
-        await self._shards[index].set_desired.remote(specs, self._drains)
+        # Drains only once the node watch has read the cluster: a restarted controller
+        # knows none yet, and must not tell a shard that its draining nodes stopped.
+        drains = self._drains if self._nodes.nodes else None
+        await self._shards[index].set_desired.remote(specs, drains)
 
     async def _on_nodes(self, changes: NodeChanges, nodes: Mapping[str, NodeInfo]) -> None:
         """The fleet follows the nodes: listeners on a node that joined, none kept for one

@@ -24,6 +24,7 @@ DEPLOY_FAILED budget are the frozen ``StartBackoff`` value.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
@@ -97,6 +98,7 @@ class DeploymentState:
         self._routing_key: tuple | None = None
         self._drains: dict[str, float] = {}  # draining node -> its deadline (shard clock)
         self._drain_due = float("inf")  # when the next leaving replica must go
+        self._recent: deque[tuple[float, str]] = deque()  # (started at, id), oldest first
         self.ops = ops_factory(self)
         self._set_policy(spec)
 
@@ -380,7 +382,17 @@ class DeploymentState:
             self._proving_until = max(self._proving_until, self._proving[replica_id])
         self.health.note_capacity(self.replicas.count(ReplicaState.RUNNING), self.target_replicas)
         self.health.watch(replica_id, now)
+        self._recent.append((now, replica_id))
         return True
+
+    def recently_started(self, now: float, within_s: float = 30.0) -> list[tuple[str, str]]:
+        """(replica id, HTTP address) of replicas that started serving within ``within_s``:
+        those an ingress may not have heard of yet. O(recent starts), never O(replicas)."""
+        while self._recent and self._recent[0][0] < now - within_s:
+            self._recent.popleft()
+        serving = [self.replicas.get(rid) for _, rid in self._recent]
+        return [(r.replica_id, r.http_address) for r in serving
+                if r is not None and r.state in SERVING_STATES and r.http_address]
 
     def start_failed(self, replica_id: str, message: str, now: float,
                      created: bool = True) -> None:

@@ -135,6 +135,9 @@ class ProxyFleet:
         failed = [(key, r) for key, r in zip(batch, results) if isinstance(r, BaseException)]
         if not failed:
             return results
+        # told to stop first: an HAProxy ingress stops its HAProxy, which would hold the port
+        await asyncio.gather(*(asyncio.wait_for(p.shutdown.remote(), 10.0) for p in created),
+                             return_exceptions=True)
         for proxy in created:
             ray.kill(proxy, no_restart=True)
         (node, _), error = failed[0]

@@ -147,7 +147,10 @@ class ReplicaOps:
         try:
             if (handle is not None and d.spec.direct_ingress is not None and self._ingress
                     and self._phase1):
-                await self._ingress.deregister(str(d.spec.id), replica_id)
+                # with the replicas that just started: HAProxy must hold them before the
+                # leaving one is in maint, or it might have no server for a moment (503)
+                await self._ingress.deregister(str(d.spec.id), replica_id,
+                                               d.recently_started(self._clock.monotonic()))
             if handle is not None:
                 await self._client.stop(handle, d.spec.graceful_shutdown_timeout_s,
                                         d.settings.stop_grace_extra_s)

@@ -22,7 +22,9 @@ import json
 import os
 import signal
 import statistics
+import sys
 import tempfile
+import traceback
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -200,6 +202,10 @@ def main() -> None:
         summary = report(events, args.ingress, args.rate)
         client.shutdown(timeout_s=30)
         print(json.dumps({"node_churn": summary}))
+    except BaseException:  # said before the nodes stop: Ray may exit the process then
+        traceback.print_exc()
+        sys.stdout.flush()
+        raise
     finally:
         nodes.stop_all()
 

@@ -35,10 +35,14 @@ class IngressDeregistrar:
             self._found_at = now
         return self._targets
 
-    async def deregister(self, deployment: str, replica_id: str, timeout_s: float = 5.0) -> None:
+    async def deregister(self, deployment: str, replica_id: str,
+                         joined: list[tuple[str, str]] = (), timeout_s: float = 5.0) -> None:
+        """``joined``: replicas that started serving lately (id, address), added first
+        where the routing long-poll has not brought them yet."""
         targets = self._haproxies()
         answers = await asyncio.gather(
-            *(asyncio.wait_for(t.deregister.remote(deployment, replica_id), timeout_s)
+            *(asyncio.wait_for(t.deregister.remote(deployment, replica_id, list(joined)),
+                               timeout_s)
               for t in targets), return_exceptions=True)
         failed = [a for a in answers if isinstance(a, BaseException)]
         if failed:  # the deregistration window still covers that node's long-poll

@@ -31,6 +31,7 @@ import uvicorn
 
 from controlplane.haproxy import membership
 from controlplane.haproxy.config import Paths, render
+from controlplane.haproxy.guard import start_guard
 from controlplane.haproxy.metrics import IngressMetrics
 from controlplane.haproxy.process import HAProxyProcess
 from controlplane.proxy import listen_socket
@@ -41,6 +42,7 @@ from controlplane.wire import RoutesUpdate, RoutingUpdate
 
 logger = logging.getLogger(__name__)
 _SWEEP_S = 1.0  # crash check and deletion of servers that left
+_EARLY_S = 10.0  # how long a replica added by a deregistration waits for the long-poll
 
 
 def runtime_dir(namespace: str, node_id: str) -> Path:
@@ -64,6 +66,8 @@ class HAProxyIngress:
         self._deployments: dict[str, RoutingUpdate] = {}
         self._servers: membership.Servers = {}  # what the current worker has
         self._leaving: set[tuple[str, str]] = set()  # in maint, to delete once idle
+        # added by a deregistration before the long-poll brought them: (address, until)
+        self._early: dict[tuple[str, str], tuple[str, float]] = {}
         # Phase 1 off (``ReplicaSettings.deregister_before_stop``, only to show what it
         # prevents): HAProxy hears that a replica left a deregistration window late, as
         # membership applied by a later reload would be.
@@ -107,6 +111,7 @@ class HAProxyIngress:
         # holds it, or a stale HAProxy would silently take half the connections.
         listen_socket(bind_host(self._http["host"]), self._http["port"], exclusive=True).close()
         self._load(self._process.start)
+        start_guard(self._process.pid)  # it must not outlive its node
 
     def _load(self, start_or_reload) -> None:
         """(Re)load with the current routes and members written in: the new worker
@@ -153,6 +158,7 @@ class HAProxyIngress:
         if not self._process.alive():
             logger.warning("HAProxy is not running; starting it with the current membership")
             self._load(self._process.start)
+            start_guard(self._process.pid)
         if (self._routes is not None and self._routes != self._loaded_routes) or \
                 self._draining != self._loaded_draining:
             self._load(self._process.reload)
@@ -172,6 +178,12 @@ class HAProxyIngress:
         for key in keys - set(deployments):
             backend = membership.backend_name(key)
             desired[backend] = dict(self._servers.get(backend, {}))
+        now = time.monotonic()
+        for (backend, server), (address, until) in list(self._early.items()):
+            if now >= until or server in desired.get(backend, {}):
+                del self._early[(backend, server)]  # the long-poll has it (or never will)
+            elif backend in desired:
+                desired[backend][server] = address
         return desired
 
     def _maxconn(self) -> dict[str, int]:
@@ -187,14 +199,17 @@ class HAProxyIngress:
             self._leave(backend, server, workers)
         maxconn = self._maxconn()
         for backend, server, address in plan.added:
-            for worker in current:
-                for command in membership.add_commands(backend, server, address,
-                                                       maxconn.get(backend, 1)):
-                    answer = self._process.on_worker(worker, command).strip()
-                    if answer and "registered" not in answer:
-                        logger.warning("HAProxy: %s: %s", command, answer)
-            self._servers.setdefault(backend, {})[server] = address
-            self._leaving.discard((backend, server))
+            self._add(backend, server, address, current, maxconn.get(backend, 1))
+
+    def _add(self, backend: str, server: str, address: str, current: list,
+             maxconn: int) -> None:
+        for worker in current:
+            for command in membership.add_commands(backend, server, address, maxconn):
+                answer = self._process.on_worker(worker, command).strip()
+                if answer and "registered" not in answer:
+                    logger.warning("HAProxy: %s: %s", command, answer)
+        self._servers.setdefault(backend, {})[server] = address
+        self._leaving.discard((backend, server))
 
     def _not_yet(self, backend: str, server: str) -> bool:
         """Phase 1 off: HAProxy is told a deregistration window after the replica left."""
@@ -216,9 +231,12 @@ class HAProxyIngress:
         self._servers.get(backend, {}).pop(server, None)
         self._leaving.add((backend, server))
 
-    async def deregister(self, deployment: str, replica_id: str) -> bool:
+    async def deregister(self, deployment: str, replica_id: str,
+                         joined: list[tuple[str, str]] = ()) -> bool:
         """Phase 1, on the shard's request before it stops the replica: the server is in
-        drain, then maint, in every worker when this returns."""
+        drain, then maint, in every worker when this returns. ``joined`` (replicas that
+        just started serving) are added first if the routing long-poll has not brought
+        them yet, so that the backend is never left with no server (a 503)."""
         backend = membership.backend_name(deployment)
         server = membership.server_name(replica_id)
 
@@ -226,7 +244,17 @@ class HAProxyIngress:
             with self._mutex:
                 if server not in self._servers.get(backend, {}):
                     return False
-                self._leave(backend, server, self._process.workers())
+                workers = self._process.workers()
+                have = self._servers.get(backend, {})
+                maxconn = self._maxconn().get(backend, 1)
+                for rid, address in joined:
+                    name = membership.server_name(rid)
+                    if name not in have:
+                        self._add(backend, name, address,
+                                  [w for w in workers if w.reloads == 0], maxconn)
+                        # kept until the long-poll brings it, not removed as unknown
+                        self._early[(backend, name)] = (address, time.monotonic() + _EARLY_S)
+                self._leave(backend, server, workers)
                 return True
         return await asyncio.to_thread(leave)
 

@@ -18,7 +18,7 @@ class FakeIngress:
         self.log = log
         self.gate = asyncio.Event()
 
-    async def deregister(self, deployment: str, replica_id: str) -> None:
+    async def deregister(self, deployment: str, replica_id: str, joined=()) -> None:
         self.log.append(("deregister", replica_id))
         await self.gate.wait()
 
