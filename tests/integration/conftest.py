@@ -17,6 +17,7 @@ from controlplane.config import parse_deploy_config
 from controlplane.instance import Client, start_local_ray
 from controlplane.settings import Settings
 from tests import ray_session
+from tests.waiting import wait_for  # noqa: F401 (the tests import it from here)
 
 
 def _free_port() -> int:
@@ -83,19 +84,6 @@ def deploy(client: Client, *apps: dict, num_shards: int = 2) -> dict:
     cfg = {"applications": list(apps), "controller_options": {"num_shards": num_shards},
            "http_options": {"host": "127.0.0.1", "port": port}}
     return client.deploy(parse_deploy_config(cfg))
-
-
-def wait_for(client: Client, predicate: Callable[[dict], bool], timeout_s: float = 60.0,
-             what: str = "condition") -> dict:
-    """Poll status until predicate(status) holds (a deadline, not a timed assertion)."""
-    deadline = time.monotonic() + timeout_s
-    status = client.status()
-    while not predicate(status):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last status: {status}")
-        time.sleep(0.1)
-        status = client.status()
-    return status
 
 
 def dep_status(status: dict, app_name: str, dep: str = "Model") -> dict:

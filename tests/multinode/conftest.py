@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import socket
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -23,6 +22,7 @@ from controlplane.config import parse_deploy_config
 from controlplane.instance import Client
 from controlplane.settings import Settings
 from tests import ray_session
+from tests.waiting import wait_for  # noqa: F401 (the tests import it from here)
 
 HEAD_IP = "127.0.0.2"
 
@@ -99,19 +99,6 @@ def app(name: str, import_path: str = "tests.integration.apps:Model", **deployme
            "graceful_shutdown_timeout_s": 1.0, **deployment}
     return {"name": name, "route_prefix": f"/{name}", "import_path": import_path,
             "deployments": [dep]}
-
-
-def wait_for(client: Client, predicate: Callable[[dict], bool], timeout_s: float = 60.0,
-             what: str = "condition") -> dict:
-    """Poll status until predicate(status) holds (a deadline, not a timed assertion)."""
-    deadline = time.monotonic() + timeout_s
-    status = client.status()
-    while not predicate(status):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last status: {status}")
-        time.sleep(0.2)
-        status = client.status()
-    return status
 
 
 def replicas_of(status: dict, app_name: str) -> list[dict]:
