@@ -26,6 +26,20 @@ def listener_ready(ip: str):
     return check
 
 
+def serves(url: str, timeout_s: float = 30.0) -> None:
+    """``url`` answers 200 within ``timeout_s`` (a listener that just became ready may
+    still be hearing of the replicas behind its routes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if requests.get(url, timeout=10).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not answer 200"
+        time.sleep(0.2)
+
+
 def test_every_node_serves_and_the_listeners_follow_nodes_joining_and_leaving(cluster):
     client = cluster.client
     cluster.deploy(app("spread", num_replicas=3))
@@ -34,10 +48,10 @@ def test_every_node_serves_and_the_listeners_follow_nodes_joining_and_leaving(cl
         listener_ready(ip)(s) for ip in ips), what="3 replicas and a listener per node")
     assert len({r["node_id"] for r in replicas_of(status, "spread")}) >= 2  # SPREAD
     for ip in ips:
-        assert requests.get(f"{cluster.url(ip)}/spread", timeout=10).status_code == 200
+        serves(f"{cluster.url(ip)}/spread")
     with extra_node(cluster) as (node, ip, node_id):
         wait_for(client, listener_ready(ip), timeout_s=30, what=f"a listener on {ip}")
-        assert requests.get(f"{cluster.url(ip)}/spread", timeout=10).status_code == 200
+        serves(f"{cluster.url(ip)}/spread")
         cluster.cluster.remove_node(node)
         status = wait_for(client, lambda s: node_row(s, ip) is None, timeout_s=60,
                           what=f"{ip} gone")
