@@ -23,7 +23,9 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     """An embedded single-node Ray. Ray's own processes use this node's address (Ray
     resolves 127.0.0.1 to it on purpose); what fleetplane serves binds http_options.host,
     127.0.0.1 by default."""
-    ray.init(num_cpus=num_cpus, include_dashboard=False,
+    # address="local": always a new Ray, never the cluster a `ray start` on this machine
+    # last recorded (/tmp/ray/ray_current_cluster outlives a node ended by SIGTERM)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
              namespace=Settings().namespace, logging_level=logging.WARNING,
              configure_logging=True)
 

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -138,8 +139,20 @@ def _stop() -> int:
     for node in reversed(record["nodes"]):  # workers first, the head last
         terminate(node)
     _record().unlink(missing_ok=True)
+    forget_ray_address(record["address"])
     print(f"stopped the local cluster at {record['address']}")
     return EXIT_OK
+
+
+def forget_ray_address(address: str) -> None:
+    """Ray's note of the last `ray start` cluster (read by a plain ``ray.init()``), if it
+    is this one: a node ended by SIGTERM leaves it behind."""
+    path = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    try:
+        if path.read_text().strip() == address:
+            path.unlink()
+    except OSError:
+        pass
 
 
 def terminate(node: dict, timeout_s: float = 60.0) -> None:

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fleetplane.cli_cluster import start_node, wait_ready
+from fleetplane.cli_cluster import forget_ray_address, start_node, wait_ready
 from release_tests.drain_events import Load
 
 HEAD_IP, WORKERS, GCS_PORT, APP = "127.0.0.2", ("127.0.0.3", "127.0.0.4"), 6391, "churn"
@@ -208,6 +208,7 @@ def main() -> None:
         raise
     finally:
         nodes.stop_all()
+        forget_ray_address(f"{HEAD_IP}:{GCS_PORT}")
 
 
 if __name__ == "__main__":
