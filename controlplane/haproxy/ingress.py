@@ -271,10 +271,11 @@ class HAProxyIngress:
 
     # ---- status and lifecycle --------------------------------------------------------
     async def set_draining(self, draining: bool) -> None:
-        """Its node is draining: HAProxy's /-/healthz answers 503 after one reload; every
-        other request is still served."""
+        """Its node is draining: HAProxy's /-/healthz answers 503 (one reload, done when
+        this returns); every other request is still served."""
         self._draining = draining
-        self._changed.set()
+        if self._task is not None:  # serving: apply it now, not at the next sync
+            await asyncio.to_thread(self._sync)
 
     async def describe(self) -> dict:
         try:
