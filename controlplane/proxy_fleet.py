@@ -45,9 +45,6 @@ class ProxyFleet:
     def addresses(self) -> list[str]:
         return [self._addresses[n] for n in sorted(self._addresses)]
 
-    def address_of(self, node_id: str) -> str | None:
-        return self._addresses.get(node_id)
-
     async def ensure(self, http_options: dict) -> None:
         async with self._lock:
             await self._ensure(http_options)
@@ -62,16 +59,18 @@ class ProxyFleet:
                  if info.alive and not info.draining and n not in self._proxies]
         listeners = _listeners(http_options)
         started: dict[str, list[Any]] = {node: [] for node in nodes}
+        addresses: dict[str, str] = {}
         created: list[Any] = []
         for indexes in ([0], range(1, listeners)):  # the port checked free, then shared
             batch = {(node, i): self._start(node, i, http_options) for node in nodes
                      for i in indexes}
             created += [proxy for proxy, new in batch.values() if new]
-            addresses = await self._ready(batch, created)
-            for (node, _), (proxy, _), address in zip(batch, batch.values(), addresses):
+            answers = await self._ready(batch, created)
+            for (node, _), (proxy, _), address in zip(batch, batch.values(), answers):
                 started[node].append(proxy)
-                self._addresses[node] = address
+                addresses[node] = address
         self._proxies.update(started)
+        self._addresses.update(addresses)
         self._http = dict(http_options)
         for node_id, proxies in started.items():  # a restarted proxy is told to serve again
             for i, proxy in enumerate(proxies):
