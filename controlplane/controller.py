@@ -228,15 +228,15 @@ class Controller:
         shard_status = [a if not isinstance(a, BaseException) else _restarting_shard(i, a)
                         for i, a in enumerate(answers)]
         status = assemble_status(self._config, shard_status, self._generation)
-        self._explain_placement(status)
+        nodes = self._nodes.nodes or await asyncio.to_thread(read_nodes)
+        self._explain_placement(status, [dict(n.resources) for n in nodes.values() if n.alive])
         status["controller"]["proxies"] = self._proxies.addresses()
         ingress = (self._config or {}).get("http_options", {}).get("ingress", "proxy")
         status["controller"]["ingress"] = ingress
         listeners = await self._proxies.describe()
         if ingress == "haproxy":
             status["controller"]["haproxy"] = listeners
-        status["nodes"] = node_rows(self._nodes.nodes or await asyncio.to_thread(read_nodes),
-                                    listeners, status["applications"])
+        status["nodes"] = node_rows(nodes, listeners, status["applications"])
         status["controller"]["actors"] = {
             "controller": {"alive": True, "restarts": self._restarts,
                            "last_restart_reason": "its process died; Ray restarted it"
@@ -244,10 +244,9 @@ class Controller:
             **self._supervisor.statistics()}
         return status
 
-    def _explain_placement(self, status: dict) -> None:
+    def _explain_placement(self, status: dict, nodes: list[dict[str, float]]) -> None:
         """A deployment short of room says so (``placement``, and its message if it has
-        none): one ``ray.nodes()`` per status call."""
-        nodes = node_resources(ray.nodes())
+        none), from the node watch's last reading of the alive nodes' resources."""
         for app, a in status["applications"].items():
             for name, dep in a["deployments"].items():
                 spec = self._specs.get(DeploymentId(app, name))
