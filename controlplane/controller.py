@@ -215,6 +215,11 @@ class Controller:
         self._kick_recovery()
         return await self._routes.listen(known, watch_all=True, timeout_s=timeout_s)
 
+    async def ingress_of(self, app: str) -> str | None:
+        """The name of an application's ingress deployment (``serve.get_app_handle``)."""
+        return next((s.id.name for s in self._specs.values() if s.id.app == app and s.ingress),
+                    None)
+
     async def health(self) -> dict:
         """``controller.health`` alone (for the proxies' /metrics)."""
         self._kick_recovery()

@@ -96,6 +96,8 @@ class DeploymentState:
         self._next_autoscale_at = 0.0
         self.target_replicas = spec.num_replicas
         self._routing_key: tuple | None = None
+        self._model_ids: dict[str, tuple[str, ...]] = {}  # multiplexed models, by replica
+        self._models_version = 0
         self._drains: dict[str, float] = {}  # draining node -> its deadline (shard clock)
         self._drain_due = float("inf")  # when the next leaving replica must go
         self._recent: deque[tuple[float, str]] = deque()  # (started at, id), oldest first
@@ -462,6 +464,13 @@ class DeploymentState:
         return True
 
     # ---- routing ---------------------------------------------------------------------------
+    def record_model_ids(self, replica_id: str, ids: tuple[str, ...]) -> None:
+        """A replica's multiplexed models changed (a load or an eviction, rare): routers
+        learn at the next tick."""
+        if replica_id in self.replicas and self._model_ids.get(replica_id, ()) != ids:
+            self._model_ids[replica_id] = tuple(ids)
+            self._models_version += 1
+
     def routing_update(self) -> RoutingUpdate | None:
         """What routers need, if it changed since the last call; else None, in O(1)
         (membership is keyed on the fingerprint, limits on the spec)."""
@@ -469,14 +478,17 @@ class DeploymentState:
             return None
         spec = self.spec
         key = (self.replicas.fingerprint, spec.max_ongoing_requests, spec.max_queued_requests,
-               tuple(sorted(spec.backpressure_config.items())))
+               tuple(sorted(spec.backpressure_config.items())), self._models_version)
         if key == self._routing_key:
             return None
         self._routing_key = key
         serving = [self.replicas.get(i) for i in sorted(self.replicas.running_ids())]
+        if self._model_ids:  # forget replicas that left
+            self._model_ids = {i: m for i, m in self._model_ids.items() if i in self.replicas}
         backpressure = spec.backpressure_config
         return RoutingUpdate(
-            replicas=tuple(ReplicaInfo(r.replica_id, r.actor_name, r.node_id, r.http_address)
+            replicas=tuple(ReplicaInfo(r.replica_id, r.actor_name, r.node_id, r.http_address,
+                                       self._model_ids.get(r.replica_id, ()))
                            for r in serving),
             max_ongoing_requests=spec.max_ongoing_requests,
             max_queued_requests=spec.max_queued_requests,

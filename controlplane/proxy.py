@@ -94,6 +94,9 @@ class ProxyApp:
         self.has_routes = True
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             return
         path = scope["path"]
@@ -121,6 +124,17 @@ class ProxyApp:
         body, kind = self.metrics.render(self._listener, siblings)
         await respond(send, 200, body, content_type=kind.encode())
 
+    async def _websocket(self, scope: dict, receive: Any, send: Any) -> None:
+        """A WebSocket to an ``@serve.ingress`` app: relayed to one replica."""
+        match = self.table.match(scope["path"])
+        if match is None:
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        prefix, dep_key = match
+        data = _request_data(scope, b"", prefix)
+        await self.routers.serve_websocket(dep_key, data, list(scope.get("subprotocols", [])),
+                                           receive, send)
+
     async def _forward(self, scope: dict, receive: Any, send: Any) -> None:
         started = time.perf_counter()
         match = self.table.match(scope["path"])
@@ -133,10 +147,7 @@ class ProxyApp:
             body = await _read_body(receive)
         except ClientGone:
             return
-        data = HTTPRequestData(
-            method=scope["method"], path=scope["path"], query_string=scope["query_string"],
-            headers=list(scope["headers"]), body=body, route_prefix=prefix,
-            client=tuple(scope["client"]) if scope.get("client") else None)
+        data = _request_data(scope, body, prefix)
         try:
             result = await _unless_disconnected(
                 self.routers.serve_http(dep_key, data, send), receive)
@@ -152,6 +163,13 @@ class ProxyApp:
         self.metrics.observe(dep_key, prefix, status, time.perf_counter() - started)
         if rejected is not None:
             self.metrics.reject(dep_key, status, rejected.retry_after_s)
+
+
+def _request_data(scope: dict, body: bytes, prefix: str) -> HTTPRequestData:
+    return HTTPRequestData(
+        method=scope.get("method", "GET"), path=scope["path"],
+        query_string=scope["query_string"], headers=list(scope["headers"]), body=body,
+        route_prefix=prefix, client=tuple(scope["client"]) if scope.get("client") else None)
 
 
 def listen_socket(host: str, port: int, *, exclusive: bool) -> socket.socket:

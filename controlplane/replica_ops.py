@@ -84,7 +84,8 @@ class ReplicaOps:
             health_check_period_s=spec.health_check_period_s,
             health_check_timeout_s=spec.health_check_timeout_s,
             unhealthy_threshold=d.settings.unhealthy_threshold,
-            direct_ingress=self._direct_ingress(spec.direct_ingress))
+            direct_ingress=self._direct_ingress(spec.direct_ingress),
+            world_size=max(1, d.target_replicas))
 
     def _direct_ingress(self, init: DirectIngressInit | None) -> DirectIngressInit | None:
         if init is None or self._phase1:

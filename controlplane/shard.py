@@ -174,6 +174,12 @@ class ShardCore:
         if state is not None:
             state.record_metrics(report, self._clock.monotonic())
 
+    def report_model_ids(self, key: tuple[str, str], replica_id: str,
+                         ids: tuple[str, ...]) -> None:
+        state = self._deployments.get(DeploymentId(*key))
+        if state is not None:
+            state.record_model_ids(replica_id, ids)
+
     def report_health(self, key: tuple[str, str], replica_id: str, health: PushedHealth) -> None:
         """A heartbeat: pushed health without a metric report."""
         state = self._deployments.get(DeploymentId(*key))
@@ -233,6 +239,11 @@ class ControllerShard:
 
     async def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
         self._core.report_metrics(key, report)
+
+    async def report_model_ids(self, key: tuple[str, str], replica_id: str,
+                               ids: tuple[str, ...]) -> None:
+        """Serve's multiplexer on a replica loaded or evicted a model."""
+        self._core.report_model_ids(key, replica_id, ids)
 
     async def report_health(self, key: tuple[str, str], replica_id: str,
                             health: PushedHealth) -> None:

@@ -66,6 +66,7 @@ class ReplicaInit:
     unhealthy_threshold: int = 3
     drain_min_s: float = 1.0  # ReplicaSettings.drain_min_s
     direct_ingress: DirectIngressInit | None = None  # haproxy mode, ingress deployments
+    world_size: int = 1  # the deployment's target replicas when this one was made (Serve's)
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,14 @@ class ReplicaInfo:
     actor_name: str
     node_id: str | None = None
     http_address: str | None = None  # "host:port" of its direct ingress (haproxy mode)
+    model_ids: tuple[str, ...] = ()  # multiplexed models it holds (Serve's @serve.multiplexed)
+
+
+@dataclass(frozen=True)
+class RequestMeta:
+    """What a handle call carries besides its arguments (``handle.options(...)``)."""
+
+    model_id: str = ""  # multiplexed_model_id: routed to a replica holding it, if any
 
 
 @dataclass(frozen=True)

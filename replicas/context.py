@@ -11,6 +11,7 @@ class ReplicaContext:
     deployment: str
     replica_id: str
     rank: int | None
+    world_size: int = 1
 
 
 _current: ReplicaContext | None = None
@@ -25,3 +26,4 @@ def get_replica_context() -> ReplicaContext:
 def set_replica_context(context: ReplicaContext) -> None:
     global _current
     _current = context
+

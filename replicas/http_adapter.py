@@ -2,7 +2,8 @@
 turn whatever user code returned into a response head plus body chunks.
 
 User code may return str, bytes, a dict or list (JSON), a Starlette ``Response`` (streaming
-ones included), None, or a sync/async generator (streamed chunk by chunk), as in Ray Serve.
+ones included), None, or a sync/async generator (streamed chunk by chunk), as in Ray Serve;
+an ``@serve.ingress`` app's response arrives as an ``AsgiResponse``.
 """
 
 from __future__ import annotations
@@ -16,16 +17,22 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from controlplane.wire import HTTPRequestData
+from replicas.asgi_ingress import AsgiResponse
 
 
-def to_starlette(data: HTTPRequestData) -> Request:
-    scope = {
+def asgi_scope(data: HTTPRequestData) -> dict:
+    """The ASGI scope Serve's proxy hands a replica: the full path, the application's
+    route_prefix as root_path."""
+    return {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
         "method": data.method, "scheme": "http", "path": data.path,
         "raw_path": data.path.encode(), "query_string": data.query_string,
         "headers": data.headers, "client": data.client, "server": None,
         "root_path": "" if data.route_prefix == "/" else data.route_prefix,
     }
+
+
+def to_starlette(data: HTTPRequestData) -> Request:
     sent = False
 
     async def receive() -> dict:
@@ -35,7 +42,7 @@ def to_starlette(data: HTTPRequestData) -> Request:
         sent = True
         return {"type": "http.request", "body": data.body, "more_body": False}
 
-    return Request(scope, receive)
+    return Request(asgi_scope(data), receive)
 
 
 def _head(status: int, headers: list[tuple[bytes, bytes]]) -> dict:
@@ -51,6 +58,10 @@ def _encode(chunk: Any) -> bytes:
 
 
 def is_streaming(result: Any) -> bool:
+    """Whether the response needs more than one round trip (an ``AsgiResponse`` is
+    prefetched first: it streams only if its app has not finished)."""
+    if isinstance(result, AsgiResponse):
+        return not result.finished
     return (isinstance(result, StreamingResponse) or inspect.isasyncgen(result)
             or inspect.isgenerator(result))
 
@@ -63,7 +74,10 @@ async def unary_response(result: Any) -> tuple[dict, bytes]:
 
 async def response_parts(result: Any) -> AsyncIterator[Any]:
     """Yields the response head (a dict) first, then body chunks (bytes)."""
-    if isinstance(result, StreamingResponse):
+    if isinstance(result, AsgiResponse):
+        async for part in result.parts():
+            yield part
+    elif isinstance(result, StreamingResponse):
         yield _head(result.status_code, list(result.raw_headers))
         async for chunk in result.body_iterator:
             yield _encode(chunk)
@@ -85,13 +99,13 @@ async def response_parts(result: Any) -> AsyncIterator[Any]:
 
 
 async def _plain(result: Any) -> AsyncIterator[Any]:
-    if isinstance(result, (bytes, bytearray)):
-        kind, body = b"application/octet-stream", bytes(result)
-    elif isinstance(result, str):
-        kind, body = b"text/plain; charset=utf-8", result.encode()
-    elif result is None:
-        kind, body = b"text/plain; charset=utf-8", b""
-    else:
-        kind, body = b"application/json", json.dumps(result).encode()
-    yield _head(200, [(b"content-type", kind), (b"content-length", str(len(body)).encode())])
-    yield body
+    """Anything else as Ray Serve encodes it (``convert_object_to_asgi_messages``): None
+    an empty body, bytes and str as text, everything else through FastAPI's
+    ``jsonable_encoder`` with Serve's encoders (pydantic models, numpy, Starlette's
+    mappings), compact JSON."""
+    from ray.serve._private.http_util import convert_object_to_asgi_messages
+
+    start, body = convert_object_to_asgi_messages(result)
+    headers = [tuple(h) for h in start["headers"]]
+    yield _head(200, [*headers, (b"content-length", str(len(body["body"])).encode())])
+    yield body["body"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import os
@@ -22,14 +23,18 @@ import ray
 import ray.cloudpickle as cloudpickle
 
 from controlplane.clock import SystemClock
-from controlplane.routing.asgi import respond
+from controlplane.routing.asgi import MODEL_ID_HEADER, header_value, respond
 from controlplane.routing.handles import DeploymentHandle, HandleRuntime
+from controlplane.routing.serve_api import install_serve_api
 from controlplane.settings import Settings
 from controlplane.wire import (DeploymentRef, HTTPRequestData, MetricReport, PushedHealth,
-                               ReplicaDescription, ReplicaInit)
+                               ReplicaDescription, ReplicaInit, RequestMeta)
 from replicas.context import ReplicaContext, set_replica_context
+from replicas.serve_context import (ModelIds, ServeIdentity, install_replica_context,
+                                    set_request_context)
 from replicas.direct_ingress import DirectIngress, DirectIngressApp
-from replicas.http_adapter import is_streaming, response_parts, to_starlette, unary_response
+from replicas.asgi_websocket import WebSocketSession, websocket_scope
+from replicas.http_adapter import asgi_scope, is_streaming, response_parts, unary_response
 from replicas.replica_health import ReplicaHealth
 from replicas.self_health import HealthCheckFailed
 from replicas.user_callable import UserCallable
@@ -57,20 +62,44 @@ class Replica:
         self._stopped = asyncio.Event()  # set when the shard asked this replica to stop
         self._streams: dict[int, tuple[Any, contextlib.AsyncExitStack]] = {}
         self._stream_ids = itertools.count()
+        self._sockets: dict[int, tuple[WebSocketSession, contextlib.AsyncExitStack]] = {}
+        self._relayed: set[int] = set()  # sockets whose ws_events stream runs
         self._set_context()
 
     def _set_context(self) -> None:
+        """fleetplane's context and Ray Serve's (``serve.get_replica_context()``)."""
         i = self._init
-        set_replica_context(ReplicaContext(i.app_name, i.deployment, i.replica_id, self._rank))
+        set_replica_context(ReplicaContext(i.app_name, i.deployment, i.replica_id, self._rank,
+                                           i.world_size))
+        install_replica_context(ServeIdentity(
+            i.app_name, i.deployment, i.replica_id, self._rank, i.world_size,
+            i.max_ongoing_requests, self._user_config),
+            self._user.servable if self._user is not None else None)
+
+    def _serve_rank(self) -> Any:
+        from ray.serve.schema import ReplicaRank
+
+        return ReplicaRank(rank=self._rank, node_rank=0, local_rank=self._rank)
+
+    def _on_model_ids(self, ids: tuple[str, ...]) -> None:
+        """Serve's multiplexer loaded or evicted a model: the shard routes by it."""
+        i = self._init
+        shard = ray.get_actor(i.shard_name, namespace=i.namespace)
+        shard.report_model_ids.remote((i.app_name, i.deployment), i.replica_id, ids)
 
     async def initialize(self) -> dict:
         """Construct the user's code, apply user_config, run a fresh health check (never a
         cached one), then start self-health and the metric reports."""
+        # Handles (constructor arguments, serve.get_app_handle) route from this loop.
+        HandleRuntime.set_home(asyncio.get_running_loop(),
+                               Settings(namespace=self._init.namespace))
+        install_serve_api()
         target, args, kwargs = cloudpickle.loads(self._init.serialized_def)
         self._user = UserCallable(target, args, kwargs, resolve_arg=self._resolve_arg)
+        ModelIds(self._on_model_ids).install()
         await self._user.construct()
-        if self._init.user_config is not None:
-            await self._user.reconfigure(self._init.user_config)
+        self._set_context()  # now with the servable object
+        await self._user.reconfigure(self._init.user_config, self._serve_rank())
         shard = ray.get_actor(self._init.shard_name, namespace=self._init.namespace)
         self._health = self._make_health(shard)
         await self._health.start()  # a failing fresh check fails initialization
@@ -96,7 +125,8 @@ class Replica:
         is produced; the user's exception is a 500 with its message."""
         async with self._slot():
             try:
-                result = await self._user.call("__call__", (to_starlette(data),), {})
+                self._request_context(data)
+                result = await self._user.call_http(data)
                 parts = response_parts(result)
                 head = await parts.__anext__()
             except Exception as e:
@@ -124,7 +154,6 @@ class Replica:
     def _resolve_arg(self, value: Any) -> Any:
         """A bound deployment passed to the constructor becomes a handle to it."""
         if isinstance(value, DeploymentRef):
-            HandleRuntime.install(Settings(namespace=self._init.namespace))
             return DeploymentHandle(value.app, value.name)
         return value
 
@@ -147,8 +176,9 @@ class Replica:
         await self._stopped.wait()
 
     async def reconfigure(self, user_config: Any) -> None:
-        await self._user.reconfigure(user_config)
+        await self._user.reconfigure(user_config, self._serve_rank())
         self._user_config = user_config
+        self._set_context()
 
     async def describe(self) -> ReplicaDescription:
         """For a recovering shard: identity, rank, versions, placement, and a fresh
@@ -169,8 +199,12 @@ class Replica:
             http_address=self._ingress.address if self._ingress is not None else None)
 
     async def update_rank(self, rank: int) -> None:
+        """A new rank (ranks stay compact): in the contexts, and to a ``reconfigure`` that
+        takes ``rank`` (Serve calls it on every rank change)."""
         self._rank = rank
         self._set_context()
+        if self._user is not None:
+            await self._user.reconfigure(None, self._serve_rank())
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
@@ -190,10 +224,34 @@ class Replica:
             if not (self._ongoing or self._queued):
                 self._idle.set()
 
-    async def handle_request(self, method: str, args: tuple, kwargs: dict) -> Any:
+    async def handle_request(self, method: str, args: tuple, kwargs: dict,
+                             meta: RequestMeta | None = None) -> Any:
         """A handle call: returns what the user's method returned."""
         async with self._slot():
+            set_request_context(self._init.app_name, model_id=meta.model_id if meta else "")
             return await self._user.call(method, args, kwargs)
+
+    async def handle_request_stream(self, method: str, args: tuple, kwargs: dict,
+                                    meta: RequestMeta | None = None) -> AsyncIterator[Any]:
+        """A handle call with ``stream=True`` (a Ray streaming generator): the items of
+        the generator the user's method returned, as produced, in one slot."""
+        async with self._slot():
+            set_request_context(self._init.app_name, model_id=meta.model_id if meta else "")
+            result = await self._user.call(method, args, kwargs)
+            if inspect.isasyncgen(result):
+                async for item in result:
+                    yield item
+            elif inspect.isgenerator(result):  # each next() in a thread: user code may block
+                done = object()
+                while (item := await asyncio.to_thread(next, result, done)) is not done:
+                    yield item
+            else:
+                raise TypeError(f"handle.options(stream=True) needs a generator method; "
+                                f"'{method}' returned {type(result).__name__}")
+
+    def _request_context(self, data: HTTPRequestData) -> None:
+        set_request_context(self._init.app_name, route=data.route_prefix,
+                            model_id=header_value(data.headers, MODEL_ID_HEADER))
 
     async def handle_http(self, request: HTTPRequestData) -> tuple:
         """An HTTP request in one round trip: ("full", head, body), or, when the user's code
@@ -203,7 +261,8 @@ class Replica:
         stack = contextlib.AsyncExitStack()
         await stack.enter_async_context(self._slot())
         try:
-            result = await self._user.call("__call__", (to_starlette(request),), {})
+            self._request_context(request)
+            result = await self._user.call_http(request)
             if not is_streaming(result):
                 return ("full", *await unary_response(result))
             stream_id = next(self._stream_ids)
@@ -229,6 +288,46 @@ class Replica:
         entry = self._streams.pop(stream_id, None)
         if entry is not None:
             asyncio.get_running_loop().create_task(entry[1].aclose())
+
+    async def ws_open(self, request: HTTPRequestData, subprotocols: list[str]) -> int:
+        """A WebSocket to the ``@serve.ingress`` app; it holds one slot until it ends.
+        The proxy then relays with ``ws_events`` (the app's messages) and ``ws_push``."""
+        if self._user.asgi_app is None:
+            raise TypeError("WebSockets need an @serve.ingress (ASGI) deployment")
+        stack = contextlib.AsyncExitStack()
+        await stack.enter_async_context(self._slot())
+        self._request_context(request)  # the session's task inherits it
+        scope = websocket_scope(asgi_scope(request), subprotocols)
+        ws_id = next(self._stream_ids)
+        self._sockets[ws_id] = (WebSocketSession(self._user.asgi_app, scope), stack)
+        asyncio.get_running_loop().call_later(_STREAM_ABANDON_S, self._abandon_socket, ws_id)
+        return ws_id
+
+    async def ws_push(self, ws_id: int, message: dict) -> None:
+        entry = self._sockets.get(ws_id)
+        if entry is not None:
+            entry[0].push(message)
+
+    async def ws_events(self, ws_id: int) -> AsyncIterator[dict]:
+        """A Ray streaming generator of the app's messages, until the app returns."""
+        session, stack = self._sockets[ws_id]
+        self._relayed.add(ws_id)
+        try:
+            async for message in session.events():
+                yield message
+        finally:
+            self._sockets.pop(ws_id, None)
+            self._relayed.discard(ws_id)
+            session.close()
+            await stack.aclose()
+
+    def _abandon_socket(self, ws_id: int) -> None:
+        """The proxy never came to relay this socket (it died): end it, free the slot."""
+        if ws_id in self._relayed or ws_id not in self._sockets:
+            return
+        session, stack = self._sockets.pop(ws_id)
+        session.close()
+        asyncio.get_running_loop().create_task(stack.aclose())
 
     def get_queue_len(self) -> int:
         """For routers' probes: never waits for a slot (DESIGN.md principle 3)."""

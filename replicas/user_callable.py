@@ -11,6 +11,11 @@ import asyncio
 import inspect
 from typing import Any, Callable
 
+from controlplane.wire import HTTPRequestData
+from replicas import asgi_ingress
+from replicas.asgi_ingress import AsgiResponse
+from replicas.http_adapter import asgi_scope, to_starlette
+
 
 async def call_maybe_async(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
@@ -30,15 +35,31 @@ class UserCallable:
         self._args = tuple(resolve_arg(a) for a in init_args)
         self._kwargs = {k: resolve_arg(v) for k, v in init_kwargs.items()}
         self._instance: Any = None
+        self.asgi_app: Any = None  # an @serve.ingress class's app, once constructed
 
     @property
     def is_function(self) -> bool:
         return not inspect.isclass(self._target)
 
     async def construct(self) -> None:
+        """Construct the user's class. A sync constructor runs in a thread; an ``async
+        def __init__`` (Serve allows it; ``@serve.ingress`` classes have one) is awaited
+        on the replica's loop, as Serve does. An ingress then binds and starts its app."""
         if self.is_function:
             return
-        self._instance = await asyncio.to_thread(self._target, *self._args, **self._kwargs)
+        if inspect.iscoroutinefunction(self._target.__init__):
+            instance = self._target.__new__(self._target)
+            await instance.__init__(*self._args, **self._kwargs)
+        else:
+            instance = await asyncio.to_thread(self._target, *self._args, **self._kwargs)
+        self._instance = instance
+        if asgi_ingress.is_asgi_ingress(instance):
+            self.asgi_app = await asgi_ingress.start(instance)
+
+    @property
+    def servable(self) -> Any:
+        """What Serve's replica context calls ``servable_object``."""
+        return self._target if self.is_function else self._instance
 
     def _method(self, name: str) -> Callable | None:
         if self.is_function:
@@ -51,23 +72,57 @@ class UserCallable:
             raise AttributeError(f"the deployment has no method '{method}'")
         return await call_maybe_async(fn, *args, **kwargs)
 
+    async def call_http(self, data: HTTPRequestData) -> Any:
+        """An HTTP request: through the ingress app (an ``AsgiResponse``, prefetched), or
+        to ``__call__`` with a Starlette request (without one if it takes no argument,
+        as Serve calls it)."""
+        if self.asgi_app is not None:
+            response = AsgiResponse(self.asgi_app, asgi_scope(data), data.body)
+            try:
+                await response.prefetch()
+            except BaseException:
+                response.close()
+                raise
+            return response
+        fn = self._method("__call__")
+        if fn is None:
+            raise AttributeError("the deployment has no __call__ method to take HTTP requests")
+        args = (to_starlette(data),) if _takes_argument(fn) else ()
+        return await call_maybe_async(fn, *args)
+
     async def check_health(self) -> None:
         """Runs the user's check_health if defined; raising means unhealthy."""
         fn = self._method("check_health")
         if fn is not None:
             await call_maybe_async(fn)
 
-    async def reconfigure(self, user_config: Any) -> None:
+    async def reconfigure(self, user_config: Any, rank: Any = None) -> None:
+        """Serve's rule: ``reconfigure(user_config)``, with ``rank=`` as well when the
+        method has a ``rank`` parameter (then it runs even without a user_config)."""
         fn = self._method("reconfigure")
         if fn is None:
             if user_config is not None:
                 raise TypeError("user_config is set but the deployment class has no "
                                 "reconfigure(user_config) method; add one or drop user_config")
             return
-        await call_maybe_async(fn, user_config)
+        wants_rank = "rank" in inspect.signature(fn).parameters
+        if user_config is None and not wants_rank:
+            return
+        await call_maybe_async(fn, user_config, **({"rank": rank} if wants_rank else {}))
 
     async def shutdown(self) -> None:
         """Ray Serve's clean-up hook: a user class's ``__del__``, called once on a
         graceful stop (before the actor is killed, which would skip it)."""
         if self._instance is not None and "__del__" in dir(type(self._instance)):
             await call_maybe_async(self._instance.__del__)
+
+
+def _takes_argument(fn: Callable) -> bool:
+    """Whether a callable takes at least one positional argument (the request)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: assume it does
+        return True
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+             inspect.Parameter.VAR_POSITIONAL)
+    return any(p.kind in kinds for p in params)

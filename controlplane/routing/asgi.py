@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
+
+# Ray Serve's header naming the multiplexed model a request is for.
+MODEL_ID_HEADER = b"serve_multiplexed_model_id"
 
 
 async def respond(send: Any, status: int, body: bytes | str,
@@ -32,3 +35,11 @@ async def read_body(receive: Any) -> bytes | None:
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
     return b"".join(chunks)
+
+
+def header_value(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str:
+    """One request header's value (ASGI header names are lower-case), or ''."""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return ""

@@ -79,6 +79,7 @@ class Router:
         self._settings = settings
         self._cache = QueueLenCache(settings.queue_len_ttl_s)
         self._replicas: dict[str, ReplicaInfo] = {}
+        self._holders: dict[str, list[str]] = {}
         self._waiters: deque[asyncio.Future[ReplicaInfo]] = deque()  # may hold cancelled
         self._queued = 0  # live waiters: the admission count
         self._drain = DrainRateEstimator()
@@ -97,6 +98,10 @@ class Router:
         """Replace the placeable set. Replicas left out (stopping) get no new request;
         their running requests finish normally."""
         self._replicas = {r.replica_id: r for r in replicas}
+        self._holders = {}  # multiplexed model id -> replicas holding it
+        for r in self._replicas.values():
+            for model_id in r.model_ids:
+                self._holders.setdefault(model_id, []).append(r.replica_id)
         self._cache.set_members(self._replicas)
         self._dispatch()
 
@@ -126,19 +131,20 @@ class Router:
         self._queued = 0
 
     # ---- requests --------------------------------------------------------------------
-    async def assign(self, request: Any) -> Any:
+    async def assign(self, request: Any, model_id: str = "") -> Any:
         """Send ``request`` to a replica with room and return its result. Raises
         BackpressureError (queue full), ReplicaUnavailableError (the replica died while
         holding it; not retried), RouterClosedError, or the user's own exception."""
-        async with self.slot() as replica:
+        async with self.slot(model_id) as replica:
             return await self._transport.send(replica, request)
 
     @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[ReplicaInfo]:
+    async def slot(self, model_id: str = "") -> AsyncIterator[ReplicaInfo]:
         """Hold one slot on a replica for the body (e.g. a streamed HTTP response, whose
         slot must outlive the first reply). Raise ReplicaUnavailableError in the body when
-        the replica's actor is gone; the router then routes around it."""
-        replica = await self._wait_slot()
+        the replica's actor is gone; the router then routes around it. A multiplexed
+        ``model_id`` goes to a replica holding that model when one has room."""
+        replica = await self._wait_slot(model_id)
         try:
             yield replica
         except ReplicaUnavailableError as e:
@@ -168,11 +174,11 @@ class Router:
             in_flight_by_replica=self._cache.in_flight_by_replica())
 
     # ---- admission and waiting -------------------------------------------------------
-    async def _wait_slot(self) -> ReplicaInfo:
+    async def _wait_slot(self, model_id: str = "") -> ReplicaInfo:
         if self._closed is not None:
             raise RouterClosedError(self._config.deployment, self._closed)
         if self._queued == 0:  # FIFO: nobody overtakes a waiter
-            replica = self._try_place(hint=None)
+            replica = self._try_place(hint=None, among=self._holders.get(model_id))
             if replica is not None:
                 return replica
         limit = self._config.max_queued_requests
@@ -225,11 +231,19 @@ class Router:
             f"queued (max_queued_requests={config.max_queued_requests}){hint}")
 
     # ---- placement ---------------------------------------------------------------------
-    def _try_place(self, hint: str | None) -> ReplicaInfo | None:
+    def _try_place(self, hint: str | None, among: list[str] | None = None) -> ReplicaInfo | None:
         """Choose by power of two choices and reserve the slot, or None if none has room.
-        Refreshes, in the background, the cache of every replica it looked at."""
+        Refreshes, in the background, the cache of every replica it looked at. ``among``
+        (the holders of a multiplexed model) is tried first, then every replica."""
+        if among:
+            placed = self._place_in(among, None)
+            if placed is not None:
+                return placed
+        return self._place_in(self._cache.member_ids(), hint)
+
+    def _place_in(self, replica_ids: Any, hint: str | None) -> ReplicaInfo | None:
         now = self._clock.monotonic()
-        placement = choose_replica(self._cache.member_ids(), self._load_of, self._rng,
+        placement = choose_replica(replica_ids, self._load_of, self._rng,
                                    hint=hint, max_pairs=self._settings.max_pairs)
         for replica_id in placement.candidates:
             if self._cache.needs_probe(replica_id, now):

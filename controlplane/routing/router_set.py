@@ -8,16 +8,16 @@ slot for the whole streamed response.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, AsyncIterator
 
 from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
-from controlplane.routing.asgi import rejection_headers, respond
+from controlplane.routing.asgi import MODEL_ID_HEADER, header_value, rejection_headers, respond
 from controlplane.routing.router import Router, RouterStatistics
 from controlplane.routing.routing_config import RoutingConfig
-from controlplane.routing.transport import RayTransport, ReplicaTransport
+from controlplane.routing.transport import RayTransport, ReplicaTransport, relay_websocket
 from controlplane.settings import RouterSettings
-from controlplane.wire import HTTPRequestData, RoutingUpdate
+from controlplane.wire import HTTPRequestData, RequestMeta, RoutingUpdate
 
 
 class RouterSet:
@@ -58,12 +58,39 @@ class RouterSet:
         router = self._routers.get(key)
         return router if router is not None and router.num_replicas > 0 else None
 
-    async def call(self, key: str, method: str, args: tuple, kwargs: dict) -> Any:
+    async def call(self, key: str, method: str, args: tuple, kwargs: dict,
+                   meta: RequestMeta | None = None) -> Any:
         """A handle call: the user's result, or their exception."""
+        meta = meta or RequestMeta()
+        return await self._router_for_call(key).assign((method, args, kwargs, meta),
+                                                       meta.model_id)
+
+    async def stream(self, key: str, method: str, args: tuple, kwargs: dict,
+                     meta: RequestMeta | None = None) -> AsyncIterator[Any]:
+        """A handle call with ``stream=True``: the items the user's generator yields,
+        in one slot held until the stream ends."""
+        meta = meta or RequestMeta()
+        async with self._router_for_call(key).slot(meta.model_id) as replica:
+            async for item in self.transport.stream(replica, (method, args, kwargs, meta)):
+                yield item
+
+    async def serve_websocket(self, key: str, data: HTTPRequestData, subprotocols: list[str],
+                              receive: Any, send: Any) -> None:
+        """Relay one WebSocket to a replica of the deployment, in one slot held for the
+        socket's life. No replica, a full queue or a dead replica: closed before accept
+        (the client sees 403), as Serve's proxy answers."""
+        try:
+            async with self._router_for_call(key).slot() as replica:
+                handle = self.transport.handle(replica)
+                await relay_websocket(handle, data, subprotocols, receive, send)
+        except (BackpressureError, ReplicaUnavailableError, RouterClosedError) as e:
+            await send({"type": "websocket.close", "code": 1013, "reason": str(e)[:120]})
+
+    def _router_for_call(self, key: str) -> Router:
         router = self._placeable(key)
         if router is None:
             raise RouterClosedError(key, "it has no running replicas")
-        return await router.assign((method, args, kwargs))
+        return router
 
     async def serve_http(self, key: str, data: HTTPRequestData,
                          send: Any) -> tuple[int, BackpressureError | None]:
@@ -76,7 +103,8 @@ class RouterSet:
                           [(b"retry-after", b"1")])
             return 503, None
         try:
-            async with router.slot() as replica:
+            model_id = header_value(data.headers, MODEL_ID_HEADER)
+            async with router.slot(model_id) as replica:
                 return await self.transport.send_http(replica, data, send), None
         except BackpressureError as e:
             await respond(send, e.status_code, str(e), rejection_headers(e.headers()))

@@ -16,7 +16,7 @@ Error translation, the same for both:
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any, AsyncIterator, Protocol
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
@@ -75,14 +75,29 @@ class RayTransport:
         self._handles.pop(replica.actor_name, None)
         return ReplicaUnavailableError(replica.replica_id, first_line(error))
 
-    async def send(self, replica: ReplicaInfo, request: tuple[str, tuple, dict]) -> Any:
-        method, args, kwargs = request
+    async def send(self, replica: ReplicaInfo, request: tuple) -> Any:
+        """``request``: (method, args, kwargs[, RequestMeta])."""
         try:
-            return await self.handle(replica).handle_request.remote(method, args, kwargs)
+            return await self.handle(replica).handle_request.remote(*request)
         except _GONE as e:
             raise self._gone(replica, e) from None
         except RayTaskError as e:  # the user's exception, unwrapped from Ray
-            raise (e.cause if isinstance(e.cause, Exception) else e) from None
+            raise _unwrapped(e) from None
+
+    async def stream(self, replica: ReplicaInfo, request: tuple) -> AsyncIterator[Any]:
+        """A streamed handle call: the items as the replica's generator yields them."""
+        gen = self.handle(replica).handle_request_stream.options(
+            num_returns="streaming").remote(*request)
+        try:
+            async for ref in gen:
+                yield await ref
+        except asyncio.CancelledError:
+            ray.cancel(gen)
+            raise
+        except _GONE as e:
+            raise self._gone(replica, e) from None
+        except RayTaskError as e:
+            raise _unwrapped(e) from None
 
     async def probe_queue_len(self, replica: ReplicaInfo, deadline_s: float) -> int:
         try:
@@ -132,6 +147,37 @@ class RayTransport:
                 self._handles.pop(replica.actor_name, None)
             raise StreamAborted(replica.replica_id, first_line(e)) from None
         await send({"type": "http.response.body", "body": b""})
+
+
+async def relay_websocket(handle: Any, data: HTTPRequestData, subprotocols: list[str],
+                          receive: Any, send: Any) -> None:
+    """One WebSocket between the client (``receive``/``send`` of the proxy's ASGI server)
+    and a replica's ``@serve.ingress`` app: every client message goes on with
+    ``ws_push``, in order; every app message comes back from the ``ws_events`` stream.
+    Returns when the app has closed or returned (the client's end reaches the app as
+    ``websocket.disconnect``)."""
+    ws_id = await handle.ws_open.remote(data, subprotocols)
+    events = handle.ws_events.options(num_returns="streaming").remote(ws_id)
+
+    async def upstream() -> None:
+        while True:
+            message = await receive()
+            await handle.ws_push.remote(ws_id, message)
+            if message["type"] == "websocket.disconnect":
+                return
+
+    pushing = asyncio.ensure_future(upstream())
+    try:
+        async for ref in events:
+            await send(await ref)
+    finally:
+        pushing.cancel()
+        ray.cancel(events)
+
+
+def _unwrapped(error: RayTaskError) -> BaseException:
+    """The user's exception, unwrapped from Ray's."""
+    return error.cause if isinstance(error.cause, Exception) else error
 
 
 def user_error_text(error: RayTaskError) -> str:
