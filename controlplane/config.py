@@ -15,11 +15,16 @@ Invariants:
   ``AutoscalingConfig`` is what ``autoscaling.AutoscalingPolicy`` is built from.
 - A bad config raises one ``ConfigError`` listing every problem, each as
   ``field.path: message``, so the user fixes them in one pass.
+- Every field of Ray Serve 2.60's deploy schema is accepted with Serve's type, so an
+  existing Serve config loads; those fleetplane does not act on (``config_serve_compat``)
+  are named by ``ignored_fields`` and logged by ``parse_deploy_config``, never dropped
+  without a word. Unknown keys are still errors (Serve itself drops them silently).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -28,7 +33,13 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
+from controlplane.config_serve_compat import (
+    ReplicasOrAuto, ServeApplicationFields, ServeAutoscalingFields, ServeControllerFields,
+    ServeDeployFields, ServeDeploymentFields, ServeHTTPFields, accepted_fields, acted_on_dump,
+    ignored_fields, resolve_auto, unset_fields)
 from controlplane.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True)
 _NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
@@ -78,7 +89,7 @@ JsonDict = Annotated[dict[str, Any], AfterValidator(_as_json)]
 Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
 
 
-class HTTPOptions(BaseModel):
+class HTTPOptions(ServeHTTPFields):
     model_config = _MODEL_CONFIG
 
     host: str = Field("127.0.0.1", min_length=1, description="Address the HTTP proxy binds to.")
@@ -95,7 +106,7 @@ class HTTPOptions(BaseModel):
         "stopped sending it new requests.")
 
 
-class ControllerOptions(BaseModel):
+class ControllerOptions(ServeControllerFields):
     model_config = _MODEL_CONFIG
 
     num_shards: int = Field(2, ge=1, le=64, description="Shards the deployments are split over.")
@@ -156,6 +167,13 @@ class AutoscalingConfig(BaseModel):
         return self
 
 
+class FileAutoscalingConfig(ServeAutoscalingFields, AutoscalingConfig):
+    """``autoscaling_config`` as a ``deployments[]`` entry may write it: Serve's tuning
+    knobs too (not acted on). Options set in code and the specs use ``AutoscalingConfig``."""
+
+    model_config = _MODEL_CONFIG
+
+
 class RayActorOptions(BaseModel):
     model_config = _MODEL_CONFIG
 
@@ -165,6 +183,10 @@ class RayActorOptions(BaseModel):
     resources: dict[str, NonNegFloat] = Field(default_factory=dict, description="Custom Ray resources.")
     runtime_env: JsonDict = Field(default_factory=dict, description="Ray runtime_env of each replica.")
     accelerator_type: str | None = Field(None, description="Ray accelerator type, e.g. 'H100'.")
+    label_selector: dict[str, str] | None = Field(
+        None, description="Node labels a replica must run on (passed to Ray).")
+    fallback_strategy: list[JsonDict] | None = Field(
+        None, description="Scheduling options Ray falls back on, in order (passed to Ray).")
 
     def to_ray_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``.options()``: only what is set, so Ray's defaults apply."""
@@ -215,20 +237,32 @@ class DeploymentOptions(BaseModel):
         """The options this config sets, to lay over the code's values.
 
         None values are left out even when written explicitly: None means "not set here",
-        and after a ``config_to_dict`` round trip every field counts as set.
+        and after a ``config_to_dict`` round trip every field counts as set. Only options
+        fleetplane acts on: a ``deployments[]`` entry's Serve-only fields are left out.
         """
         result: dict[str, Any] = {}
-        for field in self.model_fields_set - {"name"}:
+        for field in self.model_fields_set & set(DeploymentOptions.model_fields):
             value = getattr(self, field)
             if value is not None:
-                result[field] = value.model_dump() if isinstance(value, BaseModel) else value
+                result[field] = acted_on_dump(value) if isinstance(value, BaseModel) else value
         return result
 
 
-class DeploymentConfig(DeploymentOptions):
-    """One ``deployments[]`` entry: the options this file sets for the named deployment."""
+class DeploymentConfig(ServeDeploymentFields, DeploymentOptions):
+    """One ``deployments[]`` entry: the options this file sets for the named deployment,
+    and the fields of Serve's ``DeploymentSchema`` fleetplane does not act on."""
+
+    model_config = _MODEL_CONFIG
 
     name: Name = Field(..., description="Deployment name, as in the application's code.")
+    num_replicas: ReplicasOrAuto = Field(None, description="Fixed replica count, or 'auto'.")
+    autoscaling_config: FileAutoscalingConfig | None = Field(
+        None, description="Scale on load instead of a fixed num_replicas.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_with_autoscaling(cls, data: Any) -> Any:
+        return resolve_auto(data)  # Serve's "num_replicas: auto" beside an autoscaling_config
 
 
 def _check_import_path(value: str) -> str:
@@ -252,7 +286,7 @@ def _check_route_prefix(value: str | None) -> str | None:
     return value
 
 
-class ApplicationConfig(BaseModel):
+class ApplicationConfig(ServeApplicationFields):
     model_config = _MODEL_CONFIG
 
     name: Name = Field("default", description="Application name.")
@@ -281,7 +315,7 @@ class ApplicationConfig(BaseModel):
         return value
 
 
-class DeployConfig(BaseModel):
+class DeployConfig(ServeDeployFields):
     model_config = _MODEL_CONFIG
 
     applications: list[ApplicationConfig] = Field(
@@ -325,17 +359,24 @@ def _duplicates(items: list[tuple[Any, str]]) -> list[tuple[Any, str, str]]:
     return repeats
 
 
-def parse_deploy_config(data: object, source: str = "<config>") -> DeployConfig:
-    """Validate already-parsed data (a dict); raise ConfigError listing every problem."""
+def parse_deploy_config(data: object, source: str = "<config>", *,
+                        log_ignored: bool = True) -> DeployConfig:
+    """Validate already-parsed data (a dict); raise ConfigError listing every problem.
+    Log each field set that fleetplane does not act on (``ignored_fields``), unless
+    ``log_ignored`` is False: for a caller that shows them to the user itself."""
     if not isinstance(data, dict):
         kind = type(data).__name__
         problem = f"expected a mapping with 'applications' (got {kind}: {_short_repr(data)})"
         raise ConfigError(source, [f"{_ROOT}: {problem}"])
     try:
-        return DeployConfig.model_validate(data)
+        cfg = DeployConfig.model_validate(data)
     except ValidationError as exc:
         errors = [line for err in exc.errors() for line in _describe(err)]
         raise ConfigError(source, errors) from exc
+    if log_ignored:
+        for warning in ignored_fields(cfg):
+            logger.warning("%s: %s", source, warning)
+    return cfg
 
 
 def check_deployment_options(options: dict[str, Any], source: str) -> dict[str, Any]:
@@ -349,18 +390,19 @@ def check_deployment_options(options: dict[str, Any], source: str) -> dict[str, 
         raise ConfigError(source, errors) from exc
 
 
-def load_deploy_config(path: str | os.PathLike) -> DeployConfig:
-    """Read and validate a YAML deploy config file."""
+def load_deploy_config(path: str | os.PathLike, *, log_ignored: bool = True) -> DeployConfig:
+    """Read and validate a YAML deploy config file (``log_ignored``: as parse_deploy_config)."""
     source = os.fsdecode(path)
     data = _read_yaml(source)
     if data is None:
         raise ConfigError(source, [f"{_ROOT}: config is empty; expected a mapping with 'applications'"])
-    return parse_deploy_config(data, source)
+    return parse_deploy_config(data, source, log_ignored=log_ignored)
 
 
 def config_to_dict(cfg: DeployConfig) -> dict[str, Any]:
-    """Plain JSON-ready data for checkpoints and actor calls; parses back to an equal config."""
-    return cfg.model_dump(mode="json", exclude_unset=False)
+    """Plain JSON-ready data for checkpoints and actor calls; parses back to an equal config.
+    Serve-only fields left unset are left out (``unset_fields``)."""
+    return cfg.model_dump(mode="json", exclude_unset=False, exclude=unset_fields(cfg) or None)
 
 
 def _read_yaml(source: str) -> Any:
@@ -389,8 +431,7 @@ def _describe(err: Any, root: type[BaseModel] = DeployConfig) -> list[str]:
     ``root``."""
     loc, kind, ctx = tuple(err["loc"]), err["type"], err.get("ctx") or {}
     if kind == "extra_forbidden":
-        accepted = ", ".join(_model_at(loc[:-1], root).model_fields)
-        return [f"{_format_path(loc)}: unknown field; accepted fields: {accepted}"]
+        return [f"{_format_path(loc)}: unknown field; {accepted_fields(_model_at(loc[:-1], root))}"]
     if kind == _CONFLICT:
         path = _format_path(loc + ((ctx["field"],) if "field" in ctx else ()))
         return [f"{path}: {detail}" for detail in ctx["details"]]

@@ -6,9 +6,15 @@ Accepted targets (so existing Ray Serve apps run unchanged):
 - a Ray Serve ``Deployment`` that is not bound: one deployment, no constructor args;
 - a plain class: one deployment named after the class; the app's ``args`` are its
   constructor keyword arguments;
-- a plain function: with no ``args`` it is the deployment itself (called per request);
-  with ``args`` it is an application builder, called with them, that returns one of the
-  above.
+- a plain function: an application builder when the config gives it ``args`` or its
+  signature says it is one (``_is_builder``), called with the args, returning a Serve
+  application or a class; otherwise the deployment itself (called per request). As in
+  Serve, a builder takes one parameter, and one annotated with a pydantic model gets the
+  args validated into that model (``_call_builder``).
+
+Options Serve takes that fleetplane does not implement (``max_replicas_per_node``,
+``logging_config``...) are valid Serve code, so the app still runs: each one set in code
+is reported by ``build_with_warnings``, naming application, deployment and option.
 
 Option precedence, lowest first: built-in defaults, options set in code, the deploy
 config's ``deployments[]`` entry. The options set in code, with the entry laid over them,
@@ -27,13 +33,16 @@ import importlib
 import inspect
 import logging
 import traceback
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import ray.cloudpickle as cloudpickle
+from pydantic import BaseModel, ValidationError
 
 from controlplane.autoscaling import AutoscalingPolicy, initial_target
-from controlplane.config import AutoscalingConfig, check_deployment_options
+from controlplane.config import AutoscalingConfig, DeploymentConfig, check_deployment_options
+from controlplane.config_serve_compat import AUTO_AUTOSCALING
 from controlplane.errors import BuildError, ConfigError
 from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, DeploymentSpec, stable_hash
 from controlplane.wire import DeploymentRef
@@ -41,6 +50,9 @@ from controlplane.wire import DeploymentRef
 logger = logging.getLogger(__name__)
 
 _SERVE_OPTION_NAMES = tuple(k for k in DEPLOYMENT_DEFAULTS if k != "ray_actor_options")
+# Serve options set in code that fleetplane reads (the rest are reported, not dropped).
+_READ_OPTION_NAMES = frozenset({*DEPLOYMENT_DEFAULTS, "name"})
+_NOTE = "accepted for compatibility with Ray Serve but not acted on by fleetplane"
 
 
 @dataclass
@@ -50,6 +62,7 @@ class _Found:
     args: tuple
     kwargs: dict
     code_options: dict
+    ignored: list[str] = field(default_factory=list)  # options set in code, not acted on
 
 
 def import_attr(import_path: str) -> Any:
@@ -65,7 +78,14 @@ def import_attr(import_path: str) -> Any:
 
 
 def build_application(app_config: Mapping[str, Any]) -> list[DeploymentSpec]:
-    """Import and build one application; raises BuildError with the user's traceback."""
+    """Import and build one application; raises BuildError with the user's traceback.
+    Options set in code that fleetplane does not act on are logged as warnings."""
+    return build_with_warnings(app_config)[0]
+
+
+def build_with_warnings(app_config: Mapping[str, Any]) -> tuple[list[DeploymentSpec], list[str]]:
+    """``build_application``, and its warnings too, for the deploy to show the user: one
+    per option set in code that fleetplane does not act on (each also logged)."""
     app = app_config["name"]
     try:
         target = import_attr(app_config["import_path"])
@@ -81,8 +101,13 @@ def build_application(app_config: Mapping[str, Any]) -> list[DeploymentSpec]:
         known = ", ".join(f.name for f in found)
         raise BuildError(app, f"deployments[] names {unknown} but the application has only "
                          f"[{known}]; fix the names in the config")
-    return [_spec(app_config, f, overrides.get(f.name, {}), ingress=(i == 0))
-            for i, f in enumerate(found)]
+    specs = [_spec(app_config, f, overrides.get(f.name, {}), ingress=(i == 0))
+             for i, f in enumerate(found)]
+    warnings = [f"application '{app}', deployment '{f.name}': {option} set in code is {_NOTE}"
+                for f in found for option in f.ignored]
+    for warning in warnings:
+        logger.warning("%s", warning)
+    return specs, warnings
 
 
 def _discover(app: str, target: Any, args: Mapping[str, Any]) -> list[_Found]:
@@ -91,12 +116,15 @@ def _discover(app: str, target: Any, args: Mapping[str, Any]) -> list[_Found]:
 
     if isinstance(target, Deployment):
         target = target.bind()
-    if inspect.isfunction(target) and args:
-        target = target(dict(args))
+    if _is_builder(target, args):
+        target = _call_builder(app, target, args)
         if not isinstance(target, Application) and not inspect.isclass(target):
             raise BuildError(app, "the application builder must return a Serve application "
                              f"or a class, got {type(target).__name__}")
         args = {}
+    if isinstance(target, Application) and args:  # Serve refuses them too
+        raise BuildError(app, "args are set, but import_path names a built Serve application, "
+                         "which takes none; remove args, or point import_path at a builder")
     if isinstance(target, Application):
         found: dict[str, _Found] = {}
         _walk_serve_app(app, target, found)
@@ -107,6 +135,73 @@ def _discover(app: str, target: Any, args: Mapping[str, Any]) -> list[_Found]:
                      "function, or a Ray Serve application (serve.deployment(...).bind())")
 
 
+def _is_builder(target: Any, args: Mapping[str, Any]) -> bool:
+    """Is this plain function an application builder, or a function deployment?
+
+    Serve calls every function import_path as a builder (with ``args``, or ``{}``), since
+    it has no plain function deployments. fleetplane keeps its own: a function with no
+    ``args`` is the deployment, unless its signature says it builds one, as Serve's
+    documented builders do: ``-> Application``, or its one parameter typed with a pydantic
+    model. So a Serve builder deployed without args is built, not served per request; a
+    function deployment taking one pydantic model belongs under ``@serve.deployment``.
+    """
+    if not inspect.isfunction(target):
+        return False
+    if args:
+        return True
+    hints = _annotations(target)
+    returned = hints.get("return")
+    if returned is _application_type() or (
+            isinstance(returned, str) and returned.rpartition(".")[2] == "Application"):
+        return True
+    params = list(inspect.signature(target).parameters)
+    return len(params) == 1 and _model_type(hints.get(params[0])) is not None
+
+
+def _call_builder(app: str, builder: Any, args: Mapping[str, Any]) -> Any:
+    """Serve's ``call_user_app_builder_with_args_if_necessary``: one parameter, given the
+    args validated into its pydantic model when it is annotated with one, else a dict."""
+    params = list(inspect.signature(builder).parameters)
+    if len(params) != 1:
+        raise BuildError(app, f"application builder {builder.__qualname__}() must take "
+                         f"exactly one parameter, the application's args; it takes "
+                         f"{len(params)}")
+    model = _model_type(_annotations(builder).get(params[0]))
+    if model is None:
+        return builder(dict(args))
+    try:
+        typed = model.model_validate(dict(args))
+    except ValidationError as exc:
+        problems = "".join(
+            f"\n  - {'.'.join(str(p) for p in ('args', *err['loc']))}: {err['msg']}"
+            for err in exc.errors())
+        raise BuildError(app, f"args do not fit {model.__name__}, the type of "
+                         f"{builder.__qualname__}()'s parameter '{params[0]}':{problems}\n"
+                         f"fix args in the config") from None
+    return builder(typed)
+
+
+def _annotations(function: Any) -> dict[str, Any]:
+    """The function's annotations, resolved where they can be (a module with ``from
+    __future__ import annotations`` has strings): Serve reads only unresolved ones, and
+    would hand such a builder a dict where it expects its model."""
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # an unresolvable name (imported under TYPE_CHECKING...): as written
+        return dict(getattr(function, "__annotations__", {}))
+
+
+def _model_type(annotation: Any) -> type[BaseModel] | None:
+    is_model = inspect.isclass(annotation) and issubclass(annotation, BaseModel)
+    return annotation if is_model else None
+
+
+def _application_type() -> type:
+    from ray.serve.deployment import Application
+
+    return Application
+
+
 def _walk_serve_app(app: str, node: Any, found: dict[str, _Found]) -> DeploymentRef:
     from ray.serve.deployment import Application
 
@@ -114,36 +209,50 @@ def _walk_serve_app(app: str, node: Any, found: dict[str, _Found]) -> Deployment
     if dep.name not in found:
         found[dep.name] = _Found(dep.name, dep.func_or_class, (), {}, {})  # reserve order
         swap = lambda v: _walk_serve_app(app, v, found) if isinstance(v, Application) else v
+        options, ignored = _serve_code_options(dep)
         found[dep.name] = _Found(
             dep.name, dep.func_or_class,
             tuple(swap(a) for a in dep.init_args),
             {k: swap(v) for k, v in dep.init_kwargs.items()},
-            _serve_code_options(dep))
+            options, ignored)
     return DeploymentRef(app, dep.name)
 
 
-def _serve_code_options(dep: Any) -> dict:
+def _serve_code_options(dep: Any) -> tuple[dict, list[str]]:
+    """The options set in code that fleetplane reads, and the names of those it does not
+    act on (reported by the build; Serve's autoscaling knobs as
+    ``autoscaling_config.<knob>``): they are valid Serve code, so the app still runs."""
     cfg = dep._deployment_config
     options = {name: getattr(cfg, name) for name in _SERVE_OPTION_NAMES
                if name in cfg.user_configured_option_names}
     for name in ("autoscaling_config", "backpressure_config"):
         if options.get(name) is not None:
             options[name] = options[name].model_dump(exclude_unset=True)
-    if options.get("autoscaling_config") is not None:
-        options["autoscaling_config"] = _known_autoscaling(dep.name, options["autoscaling_config"])
+    ignored = _unread_code_options(dep)
+    scaling = options.get("autoscaling_config")
+    if scaling is not None:
+        # Serve refuses a count with autoscaling_config, so both set means "auto" (which
+        # leaves num_replicas at 1): the count is not the user's.
+        options.pop("num_replicas", None)
+        ignored += [f"autoscaling_config.{k}" for k in sorted(scaling)
+                    if k not in AutoscalingConfig.model_fields]
+        options["autoscaling_config"] = {k: v for k, v in scaling.items()
+                                         if k in AutoscalingConfig.model_fields}
     options["ray_actor_options"] = dict(dep.ray_actor_options or {})
-    return options
+    return options, ignored
 
 
-def _known_autoscaling(deployment: str, options: dict) -> dict:
-    """Serve's autoscaling tuning knobs that fleetplane does not implement (smoothing
-    factors, metrics intervals...) are valid Serve code, so an existing app keeps running:
-    they are dropped with a warning, and the rest goes through the schema."""
-    unknown = sorted(set(options) - set(AutoscalingConfig.model_fields))
-    if unknown:
-        logger.warning("deployment %s: autoscaling options set in code that fleetplane does "
-                       "not implement are ignored: %s", deployment, ", ".join(unknown))
-    return {k: v for k, v in options.items() if k in AutoscalingConfig.model_fields}
+def _unread_code_options(dep: Any) -> list[str]:
+    """Options set in ``serve.deployment(...)``/``.options(...)`` that fleetplane does not
+    read; one set to None asks for the default, which is what fleetplane does."""
+    unread = []
+    for name in sorted(dep._deployment_config.user_configured_option_names):
+        if name in _READ_OPTION_NAMES or name.startswith("_"):  # _init_args: bind's
+            continue
+        value = getattr(dep._deployment_config, name, getattr(dep._replica_config, name, ...))
+        if value is not None:
+            unread.append(name)
+    return unread
 
 
 def _merged_options(app: str, found: _Found, override: Mapping[str, Any]) -> dict:
@@ -154,7 +263,7 @@ def _merged_options(app: str, found: _Found, override: Mapping[str, Any]) -> dic
     more than the config's model knows, and Ray checks them when it creates the actor.
     """
     chosen = {k: v for k, v in found.code_options.items() if v is not None}
-    config_set = {k: v for k, v in override.items() if k != "name" and v is not None}
+    config_set = _config_options(override, chosen.get("autoscaling_config"))
     if "autoscaling_config" in config_set:
         chosen.pop("num_replicas", None)
     elif "num_replicas" in config_set:
@@ -172,6 +281,18 @@ def _merged_options(app: str, found: _Found, override: Mapping[str, Any]) -> dic
     if actor_options is not None:
         checked["ray_actor_options"] = actor_options
     return checked
+
+
+def _config_options(override: Mapping[str, Any], code_scaling: dict | None) -> dict:
+    """What the config's ``deployments[]`` entry sets that fleetplane acts on (its
+    Serve-only fields are the config parser's to report). Serve's ``num_replicas: auto``
+    alone (with an autoscaling_config beside it, the parser resolved it) autoscales with
+    Serve's "auto" defaults under the code's autoscaling_config, as Serve lays them."""
+    options = DeploymentConfig.model_validate(override).overrides() if override else {}
+    if options.get("num_replicas") == "auto":
+        del options["num_replicas"]
+        options["autoscaling_config"] = {**AUTO_AUTOSCALING, **(code_scaling or {})}
+    return options
 
 
 def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, Any],

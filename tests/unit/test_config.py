@@ -162,7 +162,9 @@ def test_all_errors_are_reported_at_once():
 
 def test_unknown_field_lists_the_accepted_fields():
     [top] = errors_of({"aplications": []})
-    assert top == "aplications: unknown field; accepted fields: applications, http_options, controller_options"
+    assert top == ("aplications: unknown field; accepted fields: applications, http_options, "
+                   "controller_options; also accepted from Ray Serve configs, not acted on: "
+                   "proxy_location, grpc_options, logging_config, tracing_config, target_capacity")
     [nested] = errors_of(with_deployment(autoscaling_config={"max_replica": 2}))
     assert nested.startswith(f"{DEPLOYMENT}.autoscaling_config.max_replica: unknown field;")
     assert "min_replicas, max_replicas, initial_replicas" in nested

@@ -202,7 +202,9 @@ def test_serve_only_autoscaling_knob_in_code_is_ignored_with_a_warning(caplog):
         [spec] = build(f"{APPS}:serve_only_knob_app")
     assert "smoothing_factor" not in spec.autoscaling_config
     assert spec.autoscaling_config["max_replicas"] == 3
-    assert "not implement are ignored: smoothing_factor" in caplog.text
+    assert ("application 'app', deployment 'Model': autoscaling_config.smoothing_factor set "
+            "in code is accepted for compatibility with Ray Serve but not acted on by "
+            "fleetplane") in caplog.text
 
 
 def test_config_sizing_replaces_invalid_code_autoscaling():
