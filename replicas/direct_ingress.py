@@ -1,7 +1,8 @@
 """Direct ingress: a replica serving HTTP itself, behind its node's HAProxy.
 
 The same semantics as through the proxy: the route prefix (404 outside it), a Starlette
-``Request`` for user code, streamed responses, a user exception as a 500 with its
+``Request`` for user code, streamed responses, WebSockets to an ``@serve.ingress`` app
+(HAProxy passes the upgraded connection through), a user exception as a 500 with its
 message, backpressure (``max_ongoing_requests`` + ``max_queued_requests``) as the
 configured status with ``Retry-After``, and ``/-/healthz`` for HAProxy's checks (503 once
 the replica is leaving or unhealthy, so HAProxy stops choosing it).
@@ -38,12 +39,22 @@ class DirectIngressApp:
     """The ASGI app; ``serve(data, send)`` runs the request on the replica (its slot)."""
 
     def __init__(self, config: DirectIngressInit, serve: Serve, load: Callable[[], int],
-                 capacity: int, healthy: Callable[[], bool]) -> None:
+                 capacity: int, healthy: Callable[[], bool],
+                 websocket: Callable[[dict, Any, Any], Awaitable[None]] | None = None) -> None:
         self._config, self._serve, self._load = config, serve, load
         self._capacity, self._healthy = capacity, healthy
+        self._websocket = websocket  # an @serve.ingress app's WebSockets, or None
         self.leaving = False
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            if self._websocket is None or self.leaving or self._full() or \
+                    not in_prefix(self._config.route_prefix, scope["path"]):
+                await send({"type": "websocket.close", "code": 1013})  # refused: 403
+                return
+            root = "" if self._config.route_prefix == "/" else self._config.route_prefix
+            await self._websocket({**scope, "root_path": root}, receive, send)
+            return
         if scope["type"] != "http":
             return
         path = scope["path"]

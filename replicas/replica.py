@@ -116,7 +116,8 @@ class Replica:
             return None
         app = DirectIngressApp(config, self._serve_direct, self.get_queue_len,
                                self._init.max_ongoing_requests,
-                               healthy=lambda: self._health is not None and self._health.healthy)
+                               healthy=lambda: self._health is not None and self._health.healthy,
+                               websocket=self._websocket_direct if self._user.asgi_app else None)
         self._ingress = DirectIngress(app, config.host)
         return await self._ingress.start()
 
@@ -136,6 +137,13 @@ class Replica:
             async for chunk in parts:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
+
+    async def _websocket_direct(self, scope: dict, receive: Any, send: Any) -> None:
+        """A direct-ingress WebSocket: the ingress app on the client's own connection,
+        in one slot for the socket's life."""
+        async with self._slot():
+            set_request_context(self._init.app_name, route=scope.get("root_path") or "/")
+            await self._user.asgi_app(scope, receive, send)
 
     def _make_health(self, shard: Any) -> ReplicaHealth:
         i = self._init

@@ -252,3 +252,20 @@ def test_a_replica_killed_mid_request_a_post_is_502_a_get_is_retried(haproxy):
             os.kill(state["pid"], signal.SIGKILL)
             reply = answer.result(30)
             assert (reply.status_code, reply.text)[:len(expected)] == expected, method
+
+
+def test_fastapi_ingress_and_its_websocket_behind_haproxy(haproxy):
+    """An @serve.ingress app in haproxy mode: its routes under the prefix, and a WebSocket
+    passed through HAProxy to the replica's own listener."""
+    from websockets.sync.client import connect
+
+    api = app("compat-api", "tests.integration.serve_compat_apps:api_app",
+              deployments=[{"name": "Api"}])
+    send(haproxy, *apps(web_replicas=2, tag="v2"), api)
+    wait_for(haproxy, lambda s: settled("compat-api", 1, "Api")(s)
+             and s["controller"]["haproxy"][0].get("servers") == 5, what="the FastAPI app")
+    assert get(haproxy, "/compat-api/hi?name=lb").json() == "hey lb"
+    with connect(f"ws://127.0.0.1:{port_of(haproxy)}/compat-api/ws", open_timeout=30) as ws:
+        ws.send("there")
+        assert ws.recv(timeout=30) == "hey there"
+    send(haproxy, *apps(web_replicas=2, tag="v2"))
