@@ -18,14 +18,16 @@ from ray.exceptions import RayTaskError
 
 from controlplane.errors import BuildError
 from controlplane.specs import DeploymentSpec
-from controlplane.user_code import build_application
+from controlplane.user_code import build_with_warnings
 
-_remote_build = ray.remote(num_cpus=0, max_calls=1)(build_application)
+_remote_build = ray.remote(num_cpus=0, max_calls=1)(build_with_warnings)
 
 
-async def build_all(apps: list[dict], timeout_s: float) -> list[DeploymentSpec]:
-    """The specs of every application, in config order; raises one BuildError naming
-    every application that failed (with each one's cause)."""
+async def build_all(apps: list[dict],
+                    timeout_s: float) -> tuple[list[DeploymentSpec], list[str]]:
+    """The specs of every application, in config order, and the builds' warnings (options
+    set in code that fleetplane does not act on); raises one BuildError naming every
+    application that failed (with each one's cause)."""
     results = await asyncio.gather(*(_build(app, timeout_s) for app in apps),
                                    return_exceptions=True)
     errors = [_build_error(app, r) for app, r in zip(apps, results)
@@ -33,10 +35,11 @@ async def build_all(apps: list[dict], timeout_s: float) -> list[DeploymentSpec]:
     if errors:
         raise BuildError(", ".join(e.app for e in errors),
                          "\n".join(f"[{e.app}] {e.message}" for e in errors))
-    return [spec for app_specs in results for spec in app_specs]
+    specs = [spec for app_specs, _ in results for spec in app_specs]
+    return specs, [warning for _, app_warnings in results for warning in app_warnings]
 
 
-async def _build(app: dict, timeout_s: float) -> list[DeploymentSpec]:
+async def _build(app: dict, timeout_s: float) -> tuple[list[DeploymentSpec], list[str]]:
     task = _remote_build.options(runtime_env=app["runtime_env"]) \
         if app.get("runtime_env") else _remote_build
     ref = task.remote(app)

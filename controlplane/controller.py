@@ -30,7 +30,7 @@ import ray.cloudpickle as cloudpickle
 from ray.exceptions import RayActorError
 from ray.experimental import internal_kv
 
-from controlplane.config import config_to_dict, parse_deploy_config
+from controlplane.config import config_to_dict, ignored_fields, parse_deploy_config
 from controlplane.builds import build_all
 from controlplane.capacity import node_resources, shortfall
 from controlplane.errors import DeployRejected
@@ -106,8 +106,10 @@ class Controller:
         self._deploying = (", ".join(a["name"] for a in normalized["applications"]),
                            time.monotonic())
         try:  # raises: nothing changed
-            specs = await build_all(normalized["applications"], timeout_s)
-            return await self._commit(normalized, specs, checkpoint=True)
+            specs, warnings = await build_all(normalized["applications"], timeout_s)
+            result = await self._commit(normalized, specs, checkpoint=True)
+            result["warnings"] = [*ignored_fields(cfg), *warnings, *result["warnings"]]
+            return result
         finally:
             self._deploying = None
 

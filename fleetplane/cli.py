@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 
-from controlplane.config import load_deploy_config
+from controlplane.config import ignored_fields, load_deploy_config
 from controlplane.errors import BuildError, ConfigError, DeployRejected, NoInstance
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from fleetplane.cli_cluster import add_cluster_parser, cmd_start_local_cluster
@@ -97,7 +97,9 @@ class _Progress:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_deploy_config(args.config)  # before Ray starts: a bad file costs nothing
+    # Before Ray starts: a bad file costs nothing. Fields accepted from Serve configs but not
+    # acted on come back as the deploy's warnings (the controller names them).
+    cfg = load_deploy_config(args.config, log_ignored=False)
     from controlplane.instance_record import forget_record, resolve_target
 
     target = resolve_target(args.address) if args.address else None
@@ -226,7 +228,7 @@ def _attach(address: str | None):
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    cfg = load_deploy_config(args.config)
+    cfg = load_deploy_config(args.config, log_ignored=False)  # warnings: the deploy's
     client = _attach(args.address)
     client.controller()  # a clear NoInstance before anything else
     busy = client.deploy_in_progress()
@@ -258,7 +260,9 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     if args.workers < 0 or args.gb10_workers < 0:
         print("error: --workers and --gb10-workers must be 0 or more", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    load_deploy_config(args.config)  # invalid: exit 2, nothing printed
+    checked = load_deploy_config(args.config, log_ignored=False)  # invalid: exit 2
+    for warning in ignored_fields(checked):  # stderr: stdout is the manifest
+        print(f"warning: {warning}", file=sys.stderr)
     import yaml
 
     with open(args.config) as f:

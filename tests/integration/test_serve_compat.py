@@ -19,6 +19,7 @@ from tests.integration.conftest import BASE_URL, app, deploy, settled, wait_for
 
 pytestmark = pytest.mark.integration
 APPS = "tests.integration.serve_compat_apps"
+DEPLOYED: dict = {}  # what the module's deploy answered
 
 
 def get(path: str, **kwargs) -> requests.Response:
@@ -27,7 +28,7 @@ def get(path: str, **kwargs) -> requests.Response:
 
 @pytest.fixture(scope="module")
 def compat(fleet):
-    deploy(fleet,
+    result = deploy(fleet,
            app("compat-api", f"{APPS}:api_app", deployments=[{"name": "Api", "num_replicas": 2}]),
            app("compat-standalone", f"{APPS}:standalone_app",
                deployments=[{"name": "ASGIIngressDeployment"}]),
@@ -37,12 +38,16 @@ def compat(fleet):
            app("compat-multi", f"{APPS}:multi_app", deployments=[{"name": "Multi"}]),
            app("compat-noreq", f"{APPS}:no_request", deployments=[{"name": "no_request"}]),
            app("compat-shop", f"{APPS}:shop_app",
-               deployments=[{"name": "Shop", "user_config": {"tax": 7}}]))
+               deployments=[{"name": "Shop", "user_config": {"tax": 7}}]),
+           app("compat-greet", f"{APPS}:greeter_builder", args={"greeting": "hi", "times": 2},
+               deployments=[{"name": "Greeter", "max_replicas_per_node": 1}]))
+    DEPLOYED["warnings"] = result["warnings"]
     wait_for(fleet, lambda s: all(settled(*a)(s) for a in [
         ("compat-api", 2, "Api"), ("compat-standalone", 1, "ASGIIngressDeployment"),
         ("compat-factory", 1, "ASGIIngressDeployment"), ("compat-factory", 1, "Adder"),
         ("compat-batch", 1, "Batcher"), ("compat-multi", 2, "Multi"),
-        ("compat-noreq", 1, "no_request"), ("compat-shop", 1, "Shop")]), what="compat apps")
+        ("compat-noreq", 1, "no_request"), ("compat-shop", 1, "Shop"),
+        ("compat-greet", 1, "Greeter")]), what="compat apps")
     wait_for(fleet, lambda s: get("/-/routes").json().get("/compat-shop") == "compat-shop/Shop",
              what="proxy routes")
     return fleet
@@ -109,13 +114,16 @@ def test_batched_generator_streams_through_a_driver_handle(compat):
 def test_multiplexed_id_from_header_and_handle_routes_to_the_holder(compat):
     first = get("/compat-multi", headers={"serve_multiplexed_model_id": "m1"}).json()
     assert (first["model_id"], first["model"]) == ("m1", "model:m1")
-    # Once the shard has told the routers who holds m1, m1 goes there (two replicas).
+    # Once the shard has told the routers (the proxies', this driver's) who holds m1, m1
+    # goes there, of two replicas.
     handle = serve.get_app_handle("compat-multi").options(multiplexed_model_id="m1")
-    wait_for(compat, lambda s: all(handle.remote().result()["replica"] == first["replica"]
-                                   for _ in range(6)), what="m1 routed to its holder")
-    via_http = {get("/compat-multi", headers={"serve_multiplexed_model_id": "m1"})
-                .json()["replica"] for _ in range(6)}
-    assert via_http == {first["replica"]}
+
+    def holder_only() -> bool:
+        via_handle = {handle.remote().result()["replica"] for _ in range(6)}
+        via_http = {get("/compat-multi", headers={"serve_multiplexed_model_id": "m1"})
+                    .json()["replica"] for _ in range(6)}
+        return via_handle == via_http == {first["replica"]}
+    wait_for(compat, lambda s: holder_only(), what="m1 routed to its holder")
     other = serve.get_app_handle("compat-multi").options(multiplexed_model_id="m2")
     assert other.remote().result()["model_id"] == "m2"
 
@@ -137,3 +145,9 @@ def test_calling_conventions_and_serve_json(compat):
     r = get("/compat-shop?item=cake")
     assert r.headers["content-type"] == "application/json"
     assert r.text == '{"item":"cake","cents":250}'  # pydantic, Serve's compact JSON
+
+
+def test_typed_builder_args_and_serve_fields_not_acted_on_are_named(compat):
+    assert get("/compat-greet").text == "hi hi"
+    assert any("deployments[0].max_replicas_per_node" in w and "not acted on" in w
+               for w in DEPLOYED["warnings"]), DEPLOYED["warnings"]

@@ -260,7 +260,7 @@ def test_a_failed_typed_build_commits_nothing(monkeypatch):
     committed = []
 
     async def build_here(apps, timeout_s):
-        return [spec for app in apps for spec in build_application(app)]
+        return [spec for app in apps for spec in build_application(app)], []
 
     async def commit(*args, **kwargs):
         committed.append(args)
