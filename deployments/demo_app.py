@@ -1,9 +1,9 @@
-"""The demo's user code: a plain class and a Ray Serve app, as a user would write them."""
-
-from __future__ import annotations
+"""The demo's user code: a plain class, a Ray Serve app and a FastAPI app under Serve's
+ingress, as a user would write them."""
 
 import time
 
+from fastapi import FastAPI
 from ray import serve
 from starlette.requests import Request
 
@@ -37,3 +37,25 @@ class Echo:
 
 
 echo_app = Echo.bind()
+
+
+api = FastAPI()
+
+
+@serve.deployment(num_replicas=1)
+@serve.ingress(api)
+class Api:
+    """A FastAPI app under Ray Serve's ingress, served unchanged (docs at /api/docs)."""
+
+    @api.get("/hello/{name}")
+    def hello(self, name: str) -> dict:
+        return {"hello": name, "replica": serve.get_replica_context().replica_tag}
+
+    def add(self, a: int, b: int) -> int:  # for handles: api.add.remote(1, 2)
+        return a + b
+
+    def count(self, n: int):  # for handles: .options(method_name="count", stream=True)
+        yield from range(n)
+
+
+api_app = Api.bind()
