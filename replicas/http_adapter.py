@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import sys
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
@@ -99,13 +100,39 @@ async def response_parts(result: Any) -> AsyncIterator[Any]:
 
 
 async def _plain(result: Any) -> AsyncIterator[Any]:
-    """Anything else as Ray Serve encodes it (``convert_object_to_asgi_messages``): None
-    an empty body, bytes and str as text, everything else through FastAPI's
-    ``jsonable_encoder`` with Serve's encoders (pydantic models, numpy, Starlette's
-    mappings), compact JSON."""
-    from ray.serve._private.http_util import convert_object_to_asgi_messages
+    """Anything else as Ray Serve encodes it. Code that uses Serve gets Serve's own
+    function (pandas too); a plain class does not import Serve for it."""
+    if "ray.serve" in sys.modules:
+        from ray.serve._private.http_util import convert_object_to_asgi_messages
 
-    start, body = convert_object_to_asgi_messages(result)
-    headers = [tuple(h) for h in start["headers"]]
-    yield _head(200, [*headers, (b"content-length", str(len(body["body"])).encode())])
-    yield body["body"]
+        start, body = convert_object_to_asgi_messages(result)
+        kind, content = dict(start["headers"])[b"content-type"], body["body"]
+    else:
+        kind, content = encode_like_serve(result)
+    yield _head(200, [(b"content-type", kind), (b"content-length", str(len(content)).encode())])
+    yield content
+
+
+def encode_like_serve(result: Any) -> tuple[bytes, bytes]:
+    """(content type, body) by Serve's rules: None an empty body, bytes and str as text,
+    everything else through FastAPI's ``jsonable_encoder`` (pydantic models, Starlette's
+    mappings, dataclasses) with Serve's encoders for exceptions and numpy, compact JSON."""
+    if result is None or isinstance(result, (bytes, bytearray)):
+        return b"text/plain", bytes(result or b"")
+    if isinstance(result, str):
+        return b"text/plain; charset=utf-8", result.encode()
+    from fastapi.encoders import jsonable_encoder
+
+    return b"application/json", json.dumps(jsonable_encoder(result, custom_encoder=_encoders()),
+                                           separators=(",", ":")).encode()
+
+
+def _encoders() -> dict:
+    """Serve's custom encoders (``ray.serve._private.utils.serve_encoders``)."""
+    encoders: dict = {Exception: str}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        encoders[numpy.ndarray] = lambda a: a.astype(
+            float if a.dtype.kind == "f" else int if a.dtype.kind in "iu" else a.dtype).tolist()
+        encoders[numpy.generic] = lambda v: v.item()
+    return encoders

@@ -31,7 +31,7 @@ from controlplane.wire import (DeploymentRef, HTTPRequestData, MetricReport, Pus
                                ReplicaDescription, ReplicaInit, RequestMeta)
 from replicas.context import ReplicaContext, set_replica_context
 from replicas.serve_context import (ModelIds, ServeIdentity, install_replica_context,
-                                    set_request_context)
+                                    serve_in_use, set_request_context)
 from replicas.direct_ingress import DirectIngress, DirectIngressApp
 from replicas.asgi_websocket import WebSocketSession, websocket_scope
 from replicas.http_adapter import asgi_scope, is_streaming, response_parts, unary_response
@@ -77,6 +77,10 @@ class Replica:
             self._user.servable if self._user is not None else None)
 
     def _serve_rank(self) -> Any:
+        """The rank a ``reconfigure(user_config, rank)`` gets: Serve's ``ReplicaRank``
+        when the user's code uses Serve, else the plain number."""
+        if not serve_in_use():
+            return self._rank
         from ray.serve.schema import ReplicaRank
 
         return ReplicaRank(rank=self._rank, node_rank=0, local_rank=self._rank)
@@ -96,6 +100,7 @@ class Replica:
         install_serve_api()
         target, args, kwargs = cloudpickle.loads(self._init.serialized_def)
         self._user = UserCallable(target, args, kwargs, resolve_arg=self._resolve_arg)
+        self._set_context()  # Serve's too, now that the user's modules are imported
         ModelIds(self._on_model_ids).install()
         await self._user.construct()
         self._set_context()  # now with the servable object

@@ -13,6 +13,9 @@ sees exactly what it would under Serve:
   and the multiplexed model id from the ``serve_multiplexed_model_id`` header or the
   handle's ``options(multiplexed_model_id=...)``.
 
+Both are set only in a process whose user code imported ``ray.serve`` (``serve_in_use``):
+a plain class never pays for importing Serve, per replica or per request.
+
 Serve's multiplexer also tells Serve's controller which models a replica holds; that call
 is pointed at ``ModelIds``, whose set the replica reports to its shard for routing.
 """
@@ -20,6 +23,7 @@ is pointed at ``ModelIds``, whose set the replica reports to its shard for routi
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -40,8 +44,15 @@ class ServeIdentity:
     user_config: Any = None
 
 
+def serve_in_use() -> bool:
+    """Whether this process's user code imported Ray Serve (nothing to fill otherwise)."""
+    return "ray.serve" in sys.modules
+
+
 def install_replica_context(identity: ServeIdentity, servable: Any) -> None:
     """Set Serve's process-wide replica context (``serve.get_replica_context()``)."""
+    if not serve_in_use():
+        return
     from ray.serve._private.common import DeploymentID, ReplicaID
     from ray.serve._private.config import DeploymentConfig
     from ray.serve.context import _set_internal_replica_context
@@ -60,6 +71,8 @@ def install_replica_context(identity: ServeIdentity, servable: Any) -> None:
 def set_request_context(app_name: str, route: str = "", model_id: str = "",
                         request_id: str = "") -> None:
     """Serve's per-request context, in the calling task only."""
+    if not serve_in_use():
+        return
     from ray.serve.context import _RequestContext, _serve_request_context
 
     _serve_request_context.set(_RequestContext(
@@ -81,6 +94,8 @@ class ModelIds:
         self.current: tuple[str, ...] = ()
 
     def install(self) -> None:
+        if not serve_in_use():
+            return
         import ray.serve.multiplex as multiplex
 
         multiplex._get_global_client = lambda *_, **__: self

@@ -189,3 +189,19 @@ def test_multiplexed_model_goes_to_a_holder_with_room_else_anywhere() -> None:
         await asyncio.gather(first, second)
 
     h.run(main)
+
+
+def test_plain_encoding_is_serves_without_importing_it() -> None:
+    """Replicas of plain classes encode without Serve; the bytes are Serve's own."""
+    import numpy as np
+    from ray.serve._private.http_util import convert_object_to_asgi_messages
+    from starlette.datastructures import QueryParams
+
+    from replicas.http_adapter import encode_like_serve
+
+    for value in (None, b"raw", "text", {"a": [1, 2.5, None]}, Price(cents=3),
+                  QueryParams("a=1&b=2"), ValueError("bad"),
+                  {"x": np.arange(3), "f": np.float32(1.5), "m": np.ones((2, 2))}):
+        start, body = convert_object_to_asgi_messages(value)
+        assert encode_like_serve(value) == (dict(start["headers"])[b"content-type"],
+                                            body["body"]), value
