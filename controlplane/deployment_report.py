@@ -56,4 +56,5 @@ def _replica(d: DeploymentState, r: ReplicaRecord, now: float) -> dict:
     healthy = r.state in SERVING_STATES and d.health.failures(r.replica_id) == 0
     return {"replica_id": r.replica_id, "state": r.state.value, "rank": r.rank,
             "healthy": healthy, "node_id": r.node_id, "actor_name": r.actor_name,
-            "version": r.version, "message": r.message}
+            "version": r.version, "message": r.message,
+            **({"model_ids": list(ids)} if (ids := d.model_ids(r.replica_id)) else {})}

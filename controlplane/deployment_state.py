@@ -464,6 +464,10 @@ class DeploymentState:
         return True
 
     # ---- routing ---------------------------------------------------------------------------
+    def model_ids(self, replica_id: str) -> tuple[str, ...]:
+        """The multiplexed models a replica reported holding (status shows them)."""
+        return self._model_ids.get(replica_id, ())
+
     def record_model_ids(self, replica_id: str, ids: tuple[str, ...]) -> None:
         """A replica's multiplexed models changed (a load or an eviction, rare): routers
         learn at the next tick."""

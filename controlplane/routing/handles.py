@@ -39,12 +39,34 @@ class HandleRuntime:
     _home: tuple[asyncio.AbstractEventLoop, Settings] | None = None
     _lock = threading.Lock()
 
-    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop,
+                 in_driver: bool = False) -> None:
         self.loop = loop
         self.routers = RouterSet(settings.namespace, SystemClock(), settings=settings.router)
         self._known: dict[str, asyncio.Event] = {}
-        self._subscriber = RoutingSubscriber(settings, self._on_update)
+        self._in_driver = in_driver
+        self._subscriber = RoutingSubscriber(settings, self._on_update,
+                                             get_actor=self._get_actor)
         self._subscriber.start()
+
+    def _get_actor(self, name: str, namespace: str) -> Any:
+        """``ray.get_actor``, except that a driver that disconnected (``ray.shutdown()``)
+        ends its runtime here: Ray would otherwise start or join a cluster by itself."""
+        import ray
+
+        if self._in_driver and not ray.is_initialized():
+            self._end()
+            raise asyncio.CancelledError()  # the subscriber's loop ends with it
+        return ray.get_actor(name, namespace=namespace)
+
+    def _end(self) -> None:
+        """The driver disconnected: stop following, and let a reconnected driver make a
+        fresh runtime."""
+        with HandleRuntime._lock:
+            if HandleRuntime._instance is self:
+                HandleRuntime._instance = None
+        self._subscriber.stop()
+        self.loop.call_soon(self.loop.stop)
 
     @classmethod
     def set_home(cls, loop: asyncio.AbstractEventLoop, settings: Settings) -> None:
@@ -61,7 +83,8 @@ class HandleRuntime:
 
     @classmethod
     def _create(cls) -> "HandleRuntime":
-        if cls._home is not None:
+        in_driver = cls._home is None
+        if not in_driver:
             loop, settings = cls._home
         else:
             import ray
@@ -74,12 +97,12 @@ class HandleRuntime:
                              daemon=True).start()
         try:
             if asyncio.get_running_loop() is loop:
-                return cls(settings, loop)
+                return cls(settings, loop, in_driver)
         except RuntimeError:  # no loop in this thread
             pass
 
         async def make() -> HandleRuntime:
-            return cls(settings, loop)
+            return cls(settings, loop, in_driver)
         return asyncio.run_coroutine_threadsafe(make(), loop).result()
 
     def _on_update(self, key: str, update: RoutingUpdate | None) -> None:

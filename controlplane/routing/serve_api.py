@@ -16,8 +16,10 @@ import functools
 import sys
 from typing import Any, Callable
 
-from controlplane.routing.handles import DeploymentHandle
 from controlplane.settings import Settings
+
+# Nothing here imports Ray at module level: ``import fleetplane`` (the CLI's package too)
+# must not, since the CLI sets Ray's auth mode from an instance record before Ray loads.
 
 _PATCHED = "__fleetplane_patched__"
 
@@ -35,9 +37,11 @@ def _controller() -> Any | None:
         return None
 
 
-def get_app_handle(name: str) -> DeploymentHandle:
+def get_app_handle(name: str) -> Any:
     """A handle to an application's ingress deployment (``serve.get_app_handle``)."""
     import ray
+
+    from controlplane.routing.handles import DeploymentHandle
 
     controller = _controller()
     if controller is None:
@@ -51,7 +55,7 @@ def get_app_handle(name: str) -> DeploymentHandle:
 
 
 def get_deployment_handle(deployment_name: str, app_name: str | None = None,
-                          *_: Any, **__: Any) -> DeploymentHandle:
+                          *_: Any, **__: Any) -> Any:
     """A handle to one deployment (``serve.get_deployment_handle``); the application
     defaults to the caller's own inside a replica, else to 'default' (as in Serve)."""
     if app_name is None:
@@ -59,6 +63,8 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None,
 
         context = _get_internal_replica_context()
         app_name = context.app_name if context is not None else "default"
+    from controlplane.routing.handles import DeploymentHandle
+
     return DeploymentHandle(app_name, deployment_name)
 
 

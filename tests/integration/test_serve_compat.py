@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosedOK, InvalidStatus
 from websockets.sync.client import connect
 
 import fleetplane  # noqa: F401  (a driver script's one line: Serve's handle API answers)
-from tests.integration.conftest import BASE_URL, app, deploy, settled, wait_for
+from tests.integration.conftest import BASE_URL, app, dep_status, deploy, settled, wait_for
 
 pytestmark = pytest.mark.integration
 APPS = "tests.integration.serve_compat_apps"
@@ -114,16 +114,24 @@ def test_batched_generator_streams_through_a_driver_handle(compat):
 def test_multiplexed_id_from_header_and_handle_routes_to_the_holder(compat):
     first = get("/compat-multi", headers={"serve_multiplexed_model_id": "m1"}).json()
     assert (first["model_id"], first["model"]) == ("m1", "model:m1")
-    # Once the shard has told the routers (the proxies', this driver's) who holds m1, m1
-    # goes there, of two replicas.
     handle = serve.get_app_handle("compat-multi").options(multiplexed_model_id="m1")
 
-    def holder_only() -> bool:
-        via_handle = {handle.remote().result()["replica"] for _ in range(6)}
-        via_http = {get("/compat-multi", headers={"serve_multiplexed_model_id": "m1"})
-                    .json()["replica"] for _ in range(6)}
-        return via_handle == via_http == {first["replica"]}
-    wait_for(compat, lambda s: holder_only(), what="m1 routed to its holder")
+    def holders() -> set[str]:
+        replicas = dep_status(compat.status(), "compat-multi", "Multi")["replicas"]
+        return {r["replica_id"] for r in replicas if "m1" in r.get("model_ids", [])}
+
+    def answered() -> set[str]:
+        return {handle.remote().result()["replica"] for _ in range(6)} | \
+            {get("/compat-multi", headers={"serve_multiplexed_model_id": "m1"})
+             .json()["replica"] for _ in range(6)}
+
+    # The replica reports m1 (status shows it); once the routers (the proxies', this
+    # driver's) know, m1 goes only to a holder (a request routed before they knew may
+    # have loaded m1 on the other replica too: then both are holders).
+    wait_for(compat, lambda s: first["replica"] in holders(), what="m1 reported")
+    wait_for(compat, lambda s: answered() <= holders(), what="m1 routed to its holders")
+    settled_holders = holders()
+    assert answered() <= settled_holders and holders() == settled_holders  # no new loads
     other = serve.get_app_handle("compat-multi").options(multiplexed_model_id="m2")
     assert other.remote().result()["model_id"] == "m2"
 

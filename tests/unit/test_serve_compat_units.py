@@ -205,3 +205,17 @@ def test_plain_encoding_is_serves_without_importing_it() -> None:
         start, body = convert_object_to_asgi_messages(value)
         assert encode_like_serve(value) == (dict(start["headers"])[b"content-type"],
                                             body["body"]), value
+
+
+def test_importing_fleetplane_loads_neither_ray_nor_serve() -> None:
+    """The CLI sets Ray's auth mode from an instance record before Ray loads, and a
+    driver's ``import fleetplane`` patches ``ray.serve`` only when it is imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fleetplane; assert 'ray' not in sys.modules, 'ray imported'; "
+            "from ray import serve; assert getattr(serve.get_app_handle, "
+            "'__fleetplane_patched__', False), 'not patched'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

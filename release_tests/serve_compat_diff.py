@@ -1,0 +1,144 @@
+"""The same Ray Serve applications under Ray Serve 2.60 and under fleetplane, on one local
+Ray, asked the same requests: status, content type and body must be identical (issue 12).
+
+The apps are ``tests.integration.serve_compat_apps`` (Serve's API only). Fields that name
+a replica (its tag) differ by nature and are left out of the comparison. Prints one row
+per request, writes them as Parquet, exits 1 on any difference.
+
+    .venv/bin/python -m release_tests.serve_compat_diff
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+import requests
+from ray import serve
+
+from controlplane.config import parse_deploy_config
+from controlplane.instance import Client
+from release_tests.machine import describe_line
+from tests.integration import serve_compat_apps as apps
+
+MODULE = "tests.integration.serve_compat_apps"
+# (application, import attribute, Serve's app object, deployments for fleetplane)
+APPS = [
+    ("compat-api", "api_app", apps.api_app, ["Api"]),
+    ("compat-standalone", "standalone_app", apps.standalone_app, ["ASGIIngressDeployment"]),
+    ("compat-factory", "factory_app", apps.factory_app, ["ASGIIngressDeployment", "Adder"]),
+    ("compat-batch", "batch_app", apps.batch_app, ["Batcher"]),
+    ("compat-multi", "multi_app", apps.multi_app, ["Multi"]),
+    ("compat-noreq", "no_request", apps.no_request.bind(), ["no_request"]),
+    ("compat-shop", "shop_app", apps.shop_app, ["Shop"]),
+]
+REQUESTS = [  # (method, path, json body, headers)
+    ("GET", "/compat-api/hi?name=ray", None, {}),
+    ("POST", "/compat-api/items/7", {"name": "pen", "price": 1.5}, {}),
+    ("POST", "/compat-api/items/x", {"name": "pen"}, {}),
+    ("GET", "/compat-api/nope", None, {}),
+    ("GET", "/compat-api/openapi.json", None, {}),
+    ("GET", "/compat-api/whoami", None, {}),
+    ("GET", "/compat-standalone/square/9", None, {}),
+    ("GET", "/compat-factory/add/5", None, {}),
+    ("GET", "/compat-batch?x=3", None, {}),
+    ("GET", "/compat-multi", None, {"serve_multiplexed_model_id": "m1"}),
+    ("GET", "/compat-noreq", None, {}),
+    ("GET", "/compat-shop?item=cake", None, {}),
+]
+_PER_REPLICA = ("replica", "tag")  # differ by nature: left out
+
+
+def _comparable(response: requests.Response) -> tuple:
+    body = response.text
+    if response.headers.get("content-type", "").startswith("application/json"):
+        value = response.json()
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k not in _PER_REPLICA}
+        body = json.dumps(value, sort_keys=True)
+    return response.status_code, response.headers.get("content-type", ""), body
+
+
+def start_serve(port: int) -> None:
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    for name, _, app, _ in APPS:
+        serve.run(app, name=name, route_prefix=f"/{name}")
+
+
+def start_fleetplane(port: int) -> Client:
+    client = Client()
+    client.start_controller()
+    client.deploy(parse_deploy_config({
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{"name": name, "route_prefix": f"/{name}",
+                          "import_path": f"{MODULE}:{attr}",
+                          "deployments": [{"name": d, "ray_actor_options": {"num_cpus": 0}}
+                                          for d in deps]}
+                         for name, attr, _, deps in APPS]}))
+    return client
+
+
+def _wait(base: str, timeout_s: float = 180) -> None:
+    """Until every app answers one of its requests with 200."""
+    ready = ["/compat-api/hi", "/compat-standalone/square/1", "/compat-factory/add/1",
+             "/compat-batch?x=1", "/compat-multi", "/compat-noreq", "/compat-shop"]
+    deadline = time.monotonic() + timeout_s
+    while ready and time.monotonic() < deadline:
+        try:
+            if requests.get(base + ready[0], timeout=5).status_code == 200:
+                ready.pop(0)
+                continue
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    if ready:
+        raise TimeoutError(f"{base}{ready[0]} did not answer 200 within {timeout_s}s")
+
+
+def compare(serve_base: str, fleet_base: str) -> list[dict]:
+    rows = []
+    for method, path, body, headers in REQUESTS:
+        answers = [_comparable(requests.request(method, base + path, json=body,
+                                                headers=headers, timeout=30))
+                   for base in (serve_base, fleet_base)]
+        rows.append({"request": f"{method} {path}", "serve": repr(answers[0])[:200],
+                     "fleetplane": repr(answers[1])[:200], "same": answers[0] == answers[1]})
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--serve-port", type=int, default=8101)
+    parser.add_argument("--fleetplane-port", type=int, default=8102)
+    parser.add_argument("--out", default="release_tests/results/serve_compat_diff.parquet")
+    args = parser.parse_args()
+    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
+    try:
+        start_serve(args.serve_port)
+        client = start_fleetplane(args.fleetplane_port)
+        serve_base = f"http://127.0.0.1:{args.serve_port}"
+        fleet_base = f"http://127.0.0.1:{args.fleetplane_port}"
+        _wait(serve_base), _wait(fleet_base)
+        rows = compare(serve_base, fleet_base)
+        client.shutdown(timeout_s=30)
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+    print(f"machine: {describe_line()}")
+    for row in rows:
+        print(f"{'same' if row['same'] else 'DIFFERENT':9s} {row['request']}")
+        if not row["same"]:
+            print(f"    serve:      {row['serve']}\n    fleetplane: {row['fleetplane']}")
+    pq.write_table(pa.Table.from_pylist(rows), args.out)
+    same = sum(r["same"] for r in rows)
+    print(json.dumps({"requests": len(rows), "identical": same}))
+    return 0 if same == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
