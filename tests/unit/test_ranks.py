@@ -271,3 +271,41 @@ def test_pass_error_then_membership_change_runs_immediately():
         ("a", NO_RANK, 0),
         ("b", NO_RANK, 1),
     ]
+
+
+def test_assign_is_the_lowest_free_rank_after_any_mix_of_operations() -> None:
+    """Checked against a scan from 0 (the definition) over random starts, stops, adoptions
+    and compactions."""
+    import random
+
+    rng, manager, live = random.Random(7), RankManager(), []
+    for step in range(3000):
+        op = rng.random()
+        if op < 0.5 or not live:
+            held = set(manager.ranks().values())
+            expected = next(r for r in range(len(live) + 1) if r not in held)
+            replica_id = f"r{step}"
+            assert manager.assign(replica_id) == expected
+            live.append(replica_id)
+        elif op < 0.8:
+            manager.release(live.pop(rng.randrange(len(live))))
+        elif op < 0.95:
+            replica_id = f"a{step}"
+            manager.adopt(replica_id, rng.randrange(len(live) + 5))
+            live.append(replica_id)
+        else:
+            manager.compact(live)
+        assert len(set(manager.ranks().values())) == len(live)
+
+
+def test_a_scale_up_looks_at_each_rank_about_once() -> None:
+    """Issue 16: a start costs O(1) amortized rank probes, not a scan from 0 (O(N^2))."""
+    manager = RankManager()
+    for i in range(20_000):
+        manager.assign(f"r{i}")
+    assert manager.probes <= 20_000
+    for i in range(0, 20_000, 2):  # half stop, then as many replacements start
+        manager.release(f"r{i}")
+    before = manager.probes
+    assert [manager.assign(f"s{i}") for i in range(10_000)] == list(range(0, 20_000, 2))
+    assert manager.probes - before <= 10_000
