@@ -219,3 +219,17 @@ def test_importing_fleetplane_loads_neither_ray_nor_serve() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_an_ingress_whose_app_fails_to_import_is_a_build_error_naming_the_app() -> None:
+    from controlplane.errors import BuildError
+    from controlplane.user_code import build_application
+
+    try:
+        build_application({"name": "shop", "import_path": "tests.unit.broken_ingress_app:app"})
+    except BuildError as e:
+        assert e.app == "shop"
+        assert "importing 'tests.unit.broken_ingress_app:app' failed" in e.message
+        assert "No module named 'a_dependency_that_is_not_installed'" in e.message
+    else:
+        raise AssertionError("a failing import built")
