@@ -36,7 +36,8 @@ class HandleRuntime:
     """The process's routers for handles, fed by one routing subscription."""
 
     _instance: "HandleRuntime | None" = None
-    _home: tuple[asyncio.AbstractEventLoop, Settings] | None = None
+    _home: tuple[asyncio.AbstractEventLoop, Settings] | None = None  # in a replica
+    _driver: tuple[asyncio.AbstractEventLoop, Settings] | None = None  # in a driver
     _lock = threading.Lock()
 
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop,
@@ -64,7 +65,7 @@ class HandleRuntime:
         fresh runtime."""
         with HandleRuntime._lock:
             if HandleRuntime._instance is self:
-                HandleRuntime._instance = None
+                HandleRuntime._instance = HandleRuntime._driver = None
         self._subscriber.stop()
         self.loop.call_soon(self.loop.stop)
 
@@ -75,35 +76,41 @@ class HandleRuntime:
 
     @classmethod
     def current(cls) -> "HandleRuntime":
-        """The process's runtime, made on first use (from any thread)."""
-        with cls._lock:
-            if cls._instance is None:
-                cls._instance = cls._create()
+        """The process's runtime, made on first use, from any thread. It is only ever made
+        on its own loop's thread (no lock held while waiting for that loop)."""
+        if cls._instance is not None:
             return cls._instance
-
-    @classmethod
-    def _create(cls) -> "HandleRuntime":
+        loop, settings = cls._home if cls._home is not None else cls._driver_loop()
         in_driver = cls._home is None
-        if not in_driver:
-            loop, settings = cls._home
-        else:
-            import ray
-
-            if not ray.is_initialized():
-                raise RuntimeError("deployment handles need a connection to the cluster: "
-                                   "call ray.init(address=...) first")
-            loop, settings = asyncio.new_event_loop(), Settings()
-            threading.Thread(target=loop.run_forever, name="fleetplane-handles",
-                             daemon=True).start()
-        try:
-            if asyncio.get_running_loop() is loop:
-                return cls(settings, loop, in_driver)
-        except RuntimeError:  # no loop in this thread
-            pass
+        if _running_loop() is loop:
+            return cls._get_or_make(loop, settings, in_driver)
 
         async def make() -> HandleRuntime:
-            return cls(settings, loop, in_driver)
+            return cls._get_or_make(loop, settings, in_driver)
         return asyncio.run_coroutine_threadsafe(make(), loop).result()
+
+    @classmethod
+    def _get_or_make(cls, loop: asyncio.AbstractEventLoop, settings: Settings,
+                     in_driver: bool) -> "HandleRuntime":
+        if cls._instance is None:
+            cls._instance = cls(settings, loop, in_driver)
+        return cls._instance
+
+    @classmethod
+    def _driver_loop(cls) -> tuple[asyncio.AbstractEventLoop, Settings]:
+        """A driver script's: a loop on a background thread, started once."""
+        import ray
+
+        with cls._lock:
+            if cls._driver is None:
+                if not ray.is_initialized():
+                    raise RuntimeError("deployment handles need a connection to the "
+                                       "cluster: call ray.init(address=...) first")
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="fleetplane-handles",
+                                 daemon=True).start()
+                cls._driver = (loop, Settings())
+            return cls._driver
 
     def _on_update(self, key: str, update: RoutingUpdate | None) -> None:
         self.routers.update(key, update)
@@ -133,11 +140,15 @@ async def _resolved(value: Any) -> Any:
     return await value if isinstance(value, DeploymentResponse) else value
 
 
-def _on_loop(runtime: HandleRuntime) -> bool:
+def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        return asyncio.get_running_loop() is runtime.loop
-    except RuntimeError:
-        return False
+        return asyncio.get_running_loop()
+    except RuntimeError:  # no loop in this thread
+        return None
+
+
+def _on_loop(runtime: HandleRuntime) -> bool:
+    return _running_loop() is runtime.loop
 
 
 class DeploymentResponse:

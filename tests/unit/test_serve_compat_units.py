@@ -233,3 +233,18 @@ def test_an_ingress_whose_app_fails_to_import_is_a_build_error_naming_the_app() 
         assert "No module named 'a_dependency_that_is_not_installed'" in e.message
     else:
         raise AssertionError("a failing import built")
+
+
+def test_a_driver_handle_without_a_connection_says_to_connect() -> None:
+    import ray
+
+    from controlplane.routing.handles import DeploymentHandle
+
+    assert not ray.is_initialized()
+    try:
+        DeploymentHandle("app", "Model").remote(1)
+    except RuntimeError as e:
+        assert "ray.init(address=...)" in str(e)
+    else:
+        raise AssertionError("a handle call ran without a cluster")
+    assert not ray.is_initialized()  # and nothing started one
