@@ -36,6 +36,7 @@ class UserCallable:
         self._kwargs = {k: resolve_arg(v) for k, v in init_kwargs.items()}
         self._instance: Any = None
         self.asgi_app: Any = None  # an @serve.ingress class's app, once constructed
+        self._call_takes_request: bool | None = None
 
     @property
     def is_function(self) -> bool:
@@ -87,7 +88,9 @@ class UserCallable:
         fn = self._method("__call__")
         if fn is None:
             raise AttributeError("the deployment has no __call__ method to take HTTP requests")
-        args = (to_starlette(data),) if _takes_argument(fn) else ()
+        if self._call_takes_request is None:  # inspect once, not per request
+            self._call_takes_request = _takes_argument(fn)
+        args = (to_starlette(data),) if self._call_takes_request else ()
         return await call_maybe_async(fn, *args)
 
     async def check_health(self) -> None:
