@@ -248,3 +248,32 @@ def test_a_driver_handle_without_a_connection_says_to_connect() -> None:
     else:
         raise AssertionError("a handle call ran without a cluster")
     assert not ray.is_initialized()  # and nothing started one
+
+
+def test_the_apps_lifespan_runs_before_the_first_request() -> None:
+    """Serve freezes the app (a pickled copy), so the lifespan is seen through the app."""
+    from contextlib import asynccontextmanager
+
+    from starlette.requests import Request as StarletteRequest
+
+    @asynccontextmanager
+    async def lifespan(app):
+        app.state.model = "loaded at startup"
+        yield
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/model")
+    def model(request: StarletteRequest) -> str:
+        return request.app.state.model
+
+    Wrapped = serve.ingress(app)()
+
+    async def main() -> None:
+        user = UserCallable(Wrapped, (), {})
+        await user.construct()
+        head, body = await unary_response(await user.call_http(request("/model")))
+        assert (head["status"], body) == (200, b'"loaded at startup"')
+        await user.shutdown()  # Serve's async __del__: the lifespan's shutdown
+
+    asyncio.run(main())
