@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 
 from controlplane.lifecycle import (
@@ -67,6 +68,7 @@ class ReplicaSet:
             state: {} for state in ReplicaState
         }
         self._fingerprint = 0
+        self._versions: Counter[str] = Counter()  # code version -> records running it
         self._running_memo: tuple[int, frozenset[str]] | None = None  # (fingerprint, ids)
         self.memo_recomputes = 0
 
@@ -102,11 +104,15 @@ class ReplicaSet:
     def _insert(self, record: ReplicaRecord) -> None:
         self._records[record.replica_id] = record
         self._buckets[record.state][record.replica_id] = record
+        self._versions[record.version] += 1
         self._fingerprint = (self._fingerprint + _membership_term(record)) % _MOD
 
     def _discard(self, record: ReplicaRecord) -> None:
         del self._records[record.replica_id]
         del self._buckets[record.state][record.replica_id]
+        self._versions[record.version] -= 1
+        if not self._versions[record.version]:
+            del self._versions[record.version]
         self._fingerprint = (self._fingerprint - _membership_term(record)) % _MOD
 
     # -- reads ------------------------------------------------------------------------
@@ -128,6 +134,10 @@ class ReplicaSet:
 
     def count(self, *states: ReplicaState) -> int:
         return sum(len(self._buckets[state]) for state in states)
+
+    def count_version(self, version: str) -> int:
+        """Records (any state) running code ``version``, in O(1)."""
+        return self._versions.get(version, 0)
 
     @property
     def fingerprint(self) -> int:
@@ -153,3 +163,34 @@ def _refuse_terminal(record: ReplicaRecord) -> None:
             f"replica {record.replica_id!r} is {record.state.value}; terminal records are "
             "not kept (use apply() or remove())"
         )
+
+
+class CountedMap:
+    """A dict (replica id -> version) that also counts each value in O(1)."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, str] = {}
+        self._counts: Counter[str] = Counter()
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.pop(key, None)
+        self._values[key] = value
+        self._counts[value] += 1
+
+    def pop(self, key: str, default: str | None = None) -> str | None:
+        if key not in self._values:
+            return default
+        value = self._values.pop(key)
+        self._counts[value] -= 1
+        if not self._counts[value]:
+            del self._counts[value]
+        return value
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._values.get(key, default)
+
+    def count(self, value: str) -> int:
+        return self._counts.get(value, 0)
+
+    def __len__(self) -> int:
+        return len(self._values)

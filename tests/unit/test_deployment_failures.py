@@ -280,7 +280,7 @@ def test_steady_state_ticks_do_not_plan_or_walk_replicas():
         calls, recomputes = len(client.calls), state.replicas.memo_recomputes
         passes = state.rank_gate.passes_run
 
-        with counting_calls(reconcile.plan) as plans:
+        with counting_calls(DeploymentState._plan) as plans:
             for _ in range(200):
                 state.tick(clock.monotonic())
                 await wait_all_tasks_blocked()
@@ -298,7 +298,7 @@ def test_steady_state_ticks_do_not_plan_or_walk_replicas():
 def test_passing_health_checks_do_not_trigger_a_plan():
     async def scenario():
         shard = await deployed(3)
-        with counting_calls(reconcile.plan) as plans:
+        with counting_calls(DeploymentState._plan) as plans:
             for _ in range(5):
                 await shard.advance(10.0)
         assert plans == []
@@ -310,7 +310,7 @@ def test_passing_health_checks_do_not_trigger_a_plan():
 def test_plan_runs_again_once_something_changes():
     async def scenario():
         shard = await deployed(2)
-        with counting_calls(reconcile.plan) as plans:
+        with counting_calls(DeploymentState._plan) as plans:
             await shard.deploy(make_spec(3))
         assert len(plans) >= 1
         assert len(shard.client.created) == 3
@@ -426,3 +426,46 @@ def test_a_fixed_deploy_does_not_show_the_old_error_while_updating():
         assert shard.status()["status"] == "UPDATING"
         assert shard.status()["message"] == ""
     run(scenario)
+
+
+def test_a_scale_up_is_planned_from_counts_without_walking_replicas():
+    """Issue 16: every tick of a scale-up of code and config already on target plans in
+    O(1); the replica-walking plan runs only where it must (a scale-down picks by rank)."""
+    async def scenario():
+        shard = await deployed(2)
+        with counting_calls(reconcile.plan) as full, \
+                counting_calls(DeploymentState._plan) as ticks:
+            await shard.deploy(make_spec(40))
+            for _ in range(5):
+                await shard.advance(0.1)
+        assert len(shard.client.created) == 40 and ticks and full == []
+        with counting_calls(reconcile.plan) as full:
+            await shard.deploy(make_spec(10))
+        assert len(full) >= 1
+    run(scenario)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_counts_plan_equals_the_full_plan_wherever_it_answers(seed):
+    """Random deployments (states, targets, backoff): where the counts plan answers, the
+    full plan over a snapshot gives the same actions."""
+    import random
+
+    from controlplane.lifecycle import ReplicaState
+    from controlplane.replica_set import ReplicaRecord
+
+    rng = random.Random(seed)
+    state = DeploymentState(make_spec(rng.randrange(0, 8)), ShardSettings(),
+                            lambda coro: coro.close(), lambda d: None)
+    version, config = state.rollout.serving.code_version, state.config.serving[1]
+    for i in range(rng.randrange(0, 8)):
+        rid = f"app#dep#{i}"
+        state.replicas.add(ReplicaRecord(
+            replica_id=rid, rank=i, started_at=0.0, actor_name=rid,
+            state=rng.choice([ReplicaState.STARTING, ReplicaState.RUNNING,
+                              ReplicaState.STOPPING]),
+            version=version if rng.random() < 0.9 else "old"))
+        state._config_versions[rid] = config if rng.random() < 0.9 else "old"
+    fast = state._plan_from_counts(now=0.0)
+    if fast is not None:
+        assert fast == reconcile.plan(state.snapshot(0.0))
