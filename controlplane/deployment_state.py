@@ -39,7 +39,7 @@ from controlplane.health.stall_guard import StallGuard
 from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, ReplicaState
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
-                                    StartReplica, StopReplica, plan)
+                                    StartReplica, StopReplica, plan, starts_allowed)
 from controlplane.replica_set import CountedMap, ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec, stable_hash
@@ -222,7 +222,9 @@ class DeploymentState:
             return None  # who stops first needs the replicas' ranks: the full plan
         if missing == 0 or self.backoff.blocked(now):
             return []
-        return [StartReplica() for _ in range(missing)]
+        starting = self.replicas.count(ReplicaState.STARTING)
+        return [StartReplica() for _ in range(
+            starts_allowed(missing, starting, self.settings.max_starting_replicas))]
 
     def snapshot(self, now: float) -> DeploymentSnapshot:
         self._drain_due = float("inf")
@@ -241,7 +243,8 @@ class DeploymentState:
             target_version=self.rollout.serving.code_version,
             target_config_version=self.config.serving[1], replicas=tuple(views),
             deleting=self.deleting, surge=surge,
-            starts_blocked=self.backoff.blocked(now))
+            starts_blocked=self.backoff.blocked(now),
+            max_starting=self.settings.max_starting_replicas)
 
     def _act(self, actions: list, now: float) -> None:
         for action in actions:

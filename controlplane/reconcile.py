@@ -45,6 +45,7 @@ class DeploymentSnapshot:
     deleting: bool = False
     starts_blocked: bool = False  # start backoff running, or DEPLOY_FAILED
     surge: int = 1
+    max_starting: int = 0  # starts in flight at most (0: no bound)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,14 @@ def _scale_new(s: DeploymentSnapshot, new: list[ReplicaView],
     if old_serving:  # rolling update: bounded surge above the target
         room = s.target_replicas + s.surge - len(new) - len(old_serving)
         missing = min(missing, max(room, 0))
-    return [StartReplica() for _ in range(missing)]
+    starting = sum(1 for r in s.replicas if r.state == ReplicaState.STARTING)
+    return [StartReplica() for _ in range(starts_allowed(missing, starting, s.max_starting))]
+
+
+def starts_allowed(missing: int, starting: int, max_starting: int) -> int:
+    """Starts to ask for now: the missing ones, within the bound on starts in flight (the
+    rest follow as those finish: a scale-up is paced by Ray, not all asked at once)."""
+    return missing if max_starting <= 0 else max(0, min(missing, max_starting - starting))
 
 
 def _retire_leaving(s: DeploymentSnapshot, staying: list[ReplicaView],

@@ -38,6 +38,9 @@ class ShardSettings:
     start_backoff_max_s: float = 30.0       # ...up to this
     rank_error_retry_s: float = 30.0        # seed 000: back off an erroring rank pass
     rolling_surge_fraction: float = 0.2     # extra replicas a rolling update may start
+    # Starts in flight per deployment (0: no bound): a scale-up to 32K asks Ray for this
+    # many actors at once and starts the next as each one is RUNNING (issue 16).
+    max_starting_replicas: int = 512
     # A new-version replica whose health checks start failing within this many health
     # periods of starting (declared unhealthy at unhealthy_threshold) rolls the rollout back.
     rollout_proving_periods: float = 3.0

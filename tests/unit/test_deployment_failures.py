@@ -469,3 +469,19 @@ def test_counts_plan_equals_the_full_plan_wherever_it_answers(seed):
     fast = state._plan_from_counts(now=0.0)
     if fast is not None:
         assert fast == reconcile.plan(state.snapshot(0.0))
+
+
+def test_a_scale_up_keeps_at_most_max_starting_replicas_starting():
+    async def scenario():
+        shard = Shard(max_starting_replicas=4)
+        shard.client.hold("initialize")
+        await shard.deploy(make_spec(10))
+        assert len(shard.client.created) == 4  # the rest wait for these to be RUNNING
+        most_in_flight = 0
+        while len(shard.client.held("initialize")):
+            most_in_flight = max(most_in_flight, len(shard.client.held("initialize")))
+            shard.client.release(*[("initialize", rid) for rid in
+                                   shard.client.held("initialize")[:1]][0])
+            await shard.step(2)
+        assert most_in_flight == 4 and len(shard.client.created) == 10
+    run(scenario)

@@ -383,3 +383,13 @@ def test_status_healthy_only_when_all_active_running(state):
     s = snap(view("a", rank=0), view("b", state, rank=1), target=2)
     # a STOPPING one is not active, which leaves the deployment one replica short
     assert status(s) == ("HEALTHY" if state == S.RUNNING else "UPDATING")
+
+
+def test_starts_in_flight_are_bounded_and_the_rest_follow():
+    """Issue 16: a scale-up asks Ray for at most max_starting actors at once."""
+    assert starts(plan(snap(target=10, max_starting=3))) == 3
+    three_starting = [view(f"s{i}", S.STARTING) for i in range(3)]
+    assert starts(plan(snap(*three_starting, target=10, max_starting=3))) == 0
+    one_started = [view("s0", S.RUNNING), *three_starting[1:]]
+    assert starts(plan(snap(*one_started, target=10, max_starting=3))) == 1
+    assert starts(plan(snap(target=10, max_starting=0))) == 10  # 0: no bound
