@@ -40,13 +40,13 @@ from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, 
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
                                     StartReplica, StopReplica, plan, starts_allowed)
+from controlplane.deployment_routing import DeploymentRouting
 from controlplane.replica_set import CountedMap, ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec, stable_hash
 from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
 from controlplane.version_rollout import VersionRollout
-from controlplane.wire import (MetricReport, PushedHealth, ReplicaDescription, ReplicaInfo,
-                               RoutingUpdate)
+from controlplane.wire import MetricReport, PushedHealth, ReplicaDescription, RoutingUpdate
 
 if TYPE_CHECKING:
     from controlplane.replica_ops import ReplicaOps
@@ -95,9 +95,7 @@ class DeploymentState:
         self._scaling = ScalingState()
         self._next_autoscale_at = 0.0
         self.target_replicas = spec.num_replicas
-        self._routing_key: tuple | None = None
-        self._model_ids: dict[str, tuple[str, ...]] = {}  # multiplexed models, by replica
-        self._models_version = 0
+        self.routing = DeploymentRouting()
         self.plans_from_counts = 0  # ticks planned in O(1) (tests count them)
         self._drains: dict[str, float] = {}  # draining node -> its deadline (shard clock)
         self._drain_due = float("inf")  # when the next leaving replica must go
@@ -495,40 +493,15 @@ class DeploymentState:
 
     # ---- routing ---------------------------------------------------------------------------
     def model_ids(self, replica_id: str) -> tuple[str, ...]:
-        """The multiplexed models a replica reported holding (status shows them)."""
-        return self._model_ids.get(replica_id, ())
+        return self.routing.model_ids(replica_id)
 
     def record_model_ids(self, replica_id: str, ids: tuple[str, ...]) -> None:
-        """A replica's multiplexed models changed (a load or an eviction, rare): routers
-        learn at the next tick."""
-        if replica_id in self.replicas and self._model_ids.get(replica_id, ()) != ids:
-            self._model_ids[replica_id] = tuple(ids)
-            self._models_version += 1
+        self.routing.record_model_ids(self.replicas, replica_id, ids)
 
     def routing_update(self) -> RoutingUpdate | None:
-        """What routers need, if it changed since the last call; else None, in O(1)
-        (membership is keyed on the fingerprint, limits on the spec)."""
-        if self.adopting:
-            return None
-        spec = self.spec
-        key = (self.replicas.fingerprint, spec.max_ongoing_requests, spec.max_queued_requests,
-               tuple(sorted(spec.backpressure_config.items())), self._models_version)
-        if key == self._routing_key:
-            return None
-        self._routing_key = key
-        serving = [self.replicas.get(i) for i in sorted(self.replicas.running_ids())]
-        if self._model_ids:  # forget replicas that left
-            self._model_ids = {i: m for i, m in self._model_ids.items() if i in self.replicas}
-        backpressure = spec.backpressure_config
-        return RoutingUpdate(
-            replicas=tuple(ReplicaInfo(r.replica_id, r.actor_name, r.node_id, r.http_address,
-                                       self._model_ids.get(r.replica_id, ()))
-                           for r in serving),
-            max_ongoing_requests=spec.max_ongoing_requests,
-            max_queued_requests=spec.max_queued_requests,
-            status_code=int(backpressure.get("status_code", 503)),
-            retry_after_s=backpressure.get("retry_after_s"),
-            retry_after_policy=backpressure.get("retry_after_policy") or "static")
+        """What routers need, if it changed since the last call (``DeploymentRouting``);
+        nothing while re-adopting."""
+        return None if self.adopting else self.routing.update(self.spec, self.replicas)
 
     # ---- status ---------------------------------------------------------------------------
     @property
