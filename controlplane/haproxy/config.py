@@ -101,6 +101,7 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         "    timeout client 120s",
         "    timeout http-request 30s",
         f"    timeout server {int(timeout_server_s)}s",
+        "    timeout tunnel 1h",  # an upgraded connection (a WebSocket) may idle this long
         "    retries 3",
         "    option redispatch 1",
         "    retry-on conn-failure empty-response",
