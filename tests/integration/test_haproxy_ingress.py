@@ -232,8 +232,11 @@ def test_a_replica_killed_mid_request_a_post_is_502_a_get_is_retried(haproxy):
 
     def holder(status: dict) -> dict | None:
         for r in dep_status(status, "web", "HttpModel")["replicas"]:
-            actor = ray.get_actor(r["actor_name"], namespace=NAMESPACE)
-            state = ray.get(actor.get_state.remote(), timeout=10)
+            try:  # the status may still list the replica killed a moment ago
+                actor = ray.get_actor(r["actor_name"], namespace=NAMESPACE)
+                state = ray.get(actor.get_state.remote(), timeout=10)
+            except (ValueError, ray.exceptions.RayActorError):
+                continue  # gone: it holds nothing
             if state["ongoing_requests"]:
                 return state
         return None
@@ -247,6 +250,7 @@ def test_a_replica_killed_mid_request_a_post_is_502_a_get_is_retried(haproxy):
             answer = pool.submit(requests.request, method, url, timeout=30)
             deadline = time.monotonic() + 10
             while (state := holder(status)) is None:
+                status = haproxy.status()  # the replacement of a replica just killed
                 assert time.monotonic() < deadline, "no replica took the request"
                 time.sleep(0.05)
             os.kill(state["pid"], signal.SIGKILL)
