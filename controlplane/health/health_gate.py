@@ -46,9 +46,15 @@ STALE_AFTER_PERIODS = 1.5
 HOLD_REVISIT_PERIODS = 0.5
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GateState:
-    """What the controller remembers about one replica's health."""
+    """What the controller remembers about one replica's health.
+
+    The rules below never mutate one: they return a new state. Not frozen for one reason:
+    the steady path (``DeploymentHealth.record_push``: a healthy push to a replica whose
+    last observation was healthy) moves ``push_received_at`` in place, which is exactly
+    what ``consume_push`` would return, without an allocation per push (issue 13).
+    """
 
     failures: int = 0  # consecutive failures of the observation acted on last
     push_received_at: float | None = None  # arrival of the newest push acted on

@@ -22,9 +22,9 @@ Invariants:
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
+from controlplane.health.deadline_wheel import DeadlineQueue
 from controlplane.health.health_gate import (Apply, Defer, GateState, ProbeOutcome, StartProbe,
                                              UsePush, Wait, consume_push, decide, push_is_stale,
                                              resolve_probe, stale_after_s, start_probe)
@@ -77,31 +77,6 @@ class ReplicaCrashed:
 HealthAction = ProbeReplica | ApplyHealth | ReplaceUnhealthy | ReplicaCrashed
 
 
-class DeadlineQueue:
-    """At most one pending deadline per key; ``schedule`` replaces it. Lazy deletion:
-    superseded heap items are skipped when they surface."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, str]] = []
-        self._due_at: dict[str, float] = {}
-
-    def schedule(self, key: str, at: float) -> None:
-        self._due_at[key] = at
-        heapq.heappush(self._heap, (at, key))
-
-    def cancel(self, key: str) -> None:
-        self._due_at.pop(key, None)
-
-    def pop_due(self, now: float) -> list[str]:
-        due = []
-        while self._heap and self._heap[0][0] <= now:
-            at, key = heapq.heappop(self._heap)
-            if self._due_at.get(key) == at:
-                del self._due_at[key]
-                due.append(key)
-        return due
-
-
 class DeploymentHealth:
     """Push-first health of one deployment's serving replicas."""
 
@@ -115,7 +90,7 @@ class DeploymentHealth:
         self.unhealthy = False
         self.registry = registry if registry is not None else HealthPushRegistry(self._totals)
         self.guard = guard if guard is not None else StallGuard(period_s, self._totals)
-        self._period_s = STOCK_HEALTH_CHECK_PERIOD_S
+        self._period_s = self._stale_s = STOCK_HEALTH_CHECK_PERIOD_S
         self.set_period(period_s)
         self._states: dict[str, GateState] = {}
         self._due = DeadlineQueue()
@@ -123,14 +98,29 @@ class DeploymentHealth:
     def set_period(self, period_s: float | None) -> None:
         """The deployment's health_check_period_s; None when unknown (stock period)."""
         self._period_s = STOCK_HEALTH_CHECK_PERIOD_S if period_s is None else period_s
+        self._stale_s = stale_after_s(period_s)
         self.guard.set_window(period_s)
         self.registry.set_retention(4 * stale_after_s(period_s))
 
     # ---- inputs ------------------------------------------------------------------------
     def record_push(self, replica_id: str, health: PushedHealth, received_at: float,
                     via_heartbeat: bool = False) -> None:
-        """A push arrived (on a metric report or a heartbeat); the next tick acts on it."""
-        self.registry.record(replica_id, health, received_at, via_heartbeat)
+        """A push arrived (on a metric report or a heartbeat); the next tick acts on it,
+        unless it is steady: healthy, to a replica whose last observation was healthy,
+        with no probe in flight. Then it is acted on here, touching one slot and the
+        replica's deadline: what the tick's ``consume_push`` would do (a healthy
+        ``UsePush`` that counts nothing and shows nothing new) and the visit ``decide``
+        would re-arm to (``Wait(stale_at)``), without the tick ever seeing it."""
+        state = self._states.get(replica_id)
+        steady = (state is not None and health.healthy and state.failures == 0
+                  and state.probe_started_at is None and state.push_received_at is not None
+                  and received_at > state.push_received_at
+                  and (state.applied_probe_started_at is None
+                       or received_at > state.applied_probe_started_at))
+        if self.registry.record(replica_id, health, received_at, via_heartbeat,
+                                dirty=not steady) and steady:
+            state.push_received_at = received_at
+            self._due.schedule(replica_id, received_at + self._stale_s)
 
     def watch(self, replica_id: str, now: float) -> None:
         """Start watching a replica that became serving: first visit one period out (the

@@ -4,7 +4,8 @@ Owns:
 
 - ``PushedHealth``: the three health fields a replica pushes, on its metric report or on a
   heartbeat (the wire shape, shared with ``replicas.health_pusher``).
-- ``PushEntry``: the newest push of one replica and when it arrived.
+- ``PushEntry``: the newest push of one replica and when it arrived (updated in place by
+  the next newer push: a steady push allocates nothing here).
 - ``HealthPushRegistry``: newest entry per replica, the dirty set of replicas whose
   newest entry the reconcile tick has not consumed yet, and rate-limited pruning.
 
@@ -20,7 +21,8 @@ Invariants:
   ``PRUNE_INTERVAL_S`` (seed 000 review fix: the over-threshold prune re-ran an O(N)
   rebuild on every record() once all entries were fresh).
 - A replica is in the dirty set iff its newest entry arrived after the last
-  ``take_dirty``; ``forget`` and pruning remove it from both.
+  ``take_dirty`` and the caller did not act on it at once (``record(dirty=False)``);
+  ``forget`` and pruning remove it from both.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ PRUNE_INTERVAL_S = 30.0
 DEFAULT_RETENTION_S = 300.0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PushEntry:
     health: PushedHealth
     received_at: float  # shard monotonic time of the arrival that brought this entry
@@ -80,8 +82,9 @@ class HealthPushRegistry:
         self._retention_s = max(retention_s, DEFAULT_RETENTION_S)
 
     def record(self, replica_id: str, health: PushedHealth, received_at: float,
-               via_heartbeat: bool = False) -> bool:
-        """Take one push; True when it became the replica's newest entry."""
+               via_heartbeat: bool = False, dirty: bool = True) -> bool:
+        """Take one push; True when it became the replica's newest entry. ``dirty=False``:
+        the caller acts on it now, so the next tick is not offered it."""
         self._totals.pushes_total += 1
         if via_heartbeat:
             self._totals.heartbeats_total += 1
@@ -93,8 +96,12 @@ class HealthPushRegistry:
             # Arrival-to-arrival of fresh results: what the 1.5x freshness window is
             # measured against, and it widens with controller ingest lag.
             self._totals.intervals.record(max(0.0, received_at - old.received_at), received_at)
-        self._entries[replica_id] = PushEntry(health, received_at)
-        self._dirty[replica_id] = None
+        if old is None:
+            self._entries[replica_id] = PushEntry(health, received_at)
+        else:  # in place: one push, no allocation
+            old.health, old.received_at = health, received_at
+        if dirty:
+            self._dirty[replica_id] = None
         return True
 
     def get(self, replica_id: str) -> PushEntry | None:

@@ -303,7 +303,13 @@ def test_steady_state_tick_touches_only_arrivals_and_due_visits():
     assert CountingRegistry.reads == 0
     health.record_push("r7", PushedHealth(True, 2.0, 0), T0 + 10)
     health.tick(T0 + 10)
-    assert CountingRegistry.reads == 1 + 1000  # the arrival, then every first visit falls due
+    # The steady arrival was acted on at ingest and moved r7's visit to its stale time;
+    # the tick reads only the 999 other replicas, whose first visits fall due.
+    assert CountingRegistry.reads == 999
+    health.record_push("r8", PushedHealth(False, 3.0, 1), T0 + 11)
+    CountingRegistry.reads = 0
+    assert [type(a) for a in health.tick(T0 + 11)] == [ApplyHealth]  # a flip: the tick
+    assert CountingRegistry.reads == 1
 
 
 # --- DeploymentHealth under a stall ---------------------------------------------------------------

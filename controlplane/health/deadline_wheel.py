@@ -1,0 +1,88 @@
+"""Pending deadlines of a deployment's replica health visits: a bucketed timer wheel.
+
+Owns ``DeadlineQueue``: at most one pending deadline per key, ``schedule`` replacing it,
+``pop_due(now)`` returning the keys whose deadline is at or before ``now``, oldest first.
+
+Why not a heap (issue 13): with one push per replica per period moving each replica's
+visit forward, a heap of ``(float, str)`` with lazy deletion held about N entries and
+``pop_due`` was a quarter of a 16K tick. Here a deadline lives in the bucket of its
+``BUCKET_S``-wide slice of time (a dict per bucket), so moving it is two dict operations,
+and a heap holds only the indices of non-empty buckets (at most horizon / ``BUCKET_S`` of
+them, whatever the number of replicas).
+
+Invariants:
+
+- Exact: ``pop_due(now)`` returns every key with deadline <= ``now`` and no other; only
+  the one bucket that contains ``now`` is scanned entry by entry (it holds about
+  N x ``BUCKET_S`` / horizon keys: a handful at 32K).
+- ``schedule``, ``cancel``: O(1), plus O(log buckets) when a bucket is new.
+- ``pop_due`` when nothing is due: O(1).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+# A power of two, so bucket edges are exact binary fractions of a second.
+BUCKET_S = 1 / 64
+
+
+class DeadlineQueue:
+    """At most one pending deadline per key; ``schedule`` replaces it."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, dict[str, float]] = {}  # bucket -> key -> deadline
+        self._order: list[int] = []  # heap of the indices in ``_buckets``
+        self._bucket_of: dict[str, int] = {}  # key -> its bucket
+
+    def __len__(self) -> int:
+        return len(self._bucket_of)
+
+    @property
+    def buckets(self) -> int:
+        """Buckets pending in the heap (emptied ones included until they surface)."""
+        return len(self._order)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._bucket_of
+
+    def schedule(self, key: str, at: float) -> None:
+        index = int(at // BUCKET_S)
+        old = self._bucket_of.get(key)
+        if old is not None and old != index:
+            del self._buckets[old][key]  # an emptied bucket is dropped when it surfaces
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            bucket = self._buckets[index] = {}
+            heapq.heappush(self._order, index)
+        bucket[key] = at
+        self._bucket_of[key] = index
+
+    def cancel(self, key: str) -> None:
+        index = self._bucket_of.pop(key, None)
+        if index is not None:
+            del self._buckets[index][key]
+
+    def pop_due(self, now: float) -> list[str]:
+        due: list[tuple[float, str]] = []
+        current = int(now // BUCKET_S)
+        while self._order and self._order[0] <= current:
+            index = self._order[0]
+            bucket = self._buckets[index]
+            if index < current:  # wholly in the past
+                due.extend((at, key) for key, at in bucket.items())
+                bucket.clear()
+            else:  # the bucket holding now: only what is due
+                for key, at in [(k, a) for k, a in bucket.items() if a <= now]:
+                    del bucket[key]
+                    due.append((at, key))
+            if bucket:
+                break  # the current bucket keeps its later deadlines
+            heapq.heappop(self._order)
+            del self._buckets[index]
+        if not due:
+            return []
+        due.sort()
+        for _, key in due:
+            del self._bucket_of[key]
+        return [key for _, key in due]
