@@ -41,7 +41,7 @@ from controlplane.proxy_fleet import ProxyFleet
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of, with_direct_ingress
-from controlplane.status import assemble_status
+from controlplane.status import assemble_status, check_names
 from controlplane.supervision import Supervisor, restarted_by_ray
 from controlplane.wire import ROUTES_KEY, RoutesUpdate
 
@@ -228,13 +228,23 @@ class Controller:
         stats = await asyncio.gather(*(s.health.remote() for s in self._shards))
         return merge_all(stats).as_json()
 
-    async def status(self) -> dict:
+    async def status(self, summary: bool = False, app: str | None = None,
+                     deployment: str | None = None) -> dict:
+        """``fleetplane status``. ``summary``: replica counts instead of rows (O(1) per
+        deployment, for pollers); ``app``/``deployment``: only those, filtered by the
+        shards (``UnknownName`` when a filter names nothing known)."""
         await self.ready()
-        answers = await asyncio.gather(*(asyncio.wait_for(s.status.remote(), _SHARD_STATUS_S)
-                                         for s in self._shards), return_exceptions=True)
+        answers = await asyncio.gather(*(asyncio.wait_for(
+            s.status.remote(summary=summary, app=app, deployment=deployment), _SHARD_STATUS_S)
+            for s in self._shards), return_exceptions=True)
         shard_status = [a if not isinstance(a, BaseException) else _restarting_shard(i, a)
                         for i, a in enumerate(answers)]
-        status = assemble_status(self._config, shard_status, self._generation)
+        status = assemble_status(self._config, shard_status, self._generation, app, deployment)
+        if app is not None or deployment is not None:
+            shown = [(a, n) for a, entry in status["applications"].items()
+                     for n in entry["deployments"]]
+            check_names(app, deployment, [(d.app, d.name) for d in self._specs] + shown,
+                        status["applications"])
         nodes = self._nodes.nodes or await asyncio.to_thread(read_nodes)
         self._explain_placement(status, [dict(n.resources) for n in nodes.values() if n.alive])
         status["controller"]["proxies"] = self._proxies.addresses()
@@ -243,7 +253,10 @@ class Controller:
         listeners = await self._proxies.describe()
         if ingress == "haproxy":
             status["controller"]["haproxy"] = listeners
-        status["nodes"] = node_rows(nodes, listeners, status["applications"])
+        status["nodes"] = node_rows(nodes, listeners, {} if summary else status["applications"])
+        if summary:  # no replica rows to place on nodes: no "replicas" list either
+            status["nodes"] = [{k: v for k, v in row.items() if k != "replicas"}
+                               for row in status["nodes"]]
         status["controller"]["actors"] = {
             "controller": {"alive": True, "restarts": self._restarts,
                            "last_restart_reason": "its process died; Ray restarted it"

@@ -1,20 +1,64 @@
-"""A deployment's status entry (``fleetplane status --json``), read from its state."""
+"""A deployment's status entry (``fleetplane status --json``), read from its state.
+
+Two shapes: the summary (``deployment_summary``) and the full entry, which is the summary
+plus one row per replica (``deployment_report``).
+
+Invariant: the summary never walks the replicas. Its counts come from the counters the
+shell keeps (``ReplicaSet`` buckets and version counts, the config-version ``CountedMap``,
+``DeploymentState.failing``) and its status word from ``status_from_counts``, the O(1)
+twin of the snapshot-based ``deployment_status`` the full entry uses (they agree: tested).
+The one exception is bounded by what is in flight, not by the fleet: while some replica
+runs other code or config than the target (a rollout), the replicas not RUNNING are
+looked at to tell how many RUNNING ones are off target.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from controlplane.lifecycle import SERVING_STATES, ReplicaState
-from controlplane.reconcile import deployment_status
+from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaState
+from controlplane.reconcile import StatusCounts, deployment_status, status_from_counts
 from controlplane.replica_set import ReplicaRecord
 
 if TYPE_CHECKING:
     from controlplane.deployment_state import DeploymentState
 
+_NOT_RUNNING = tuple(s for s in ReplicaState if s is not ReplicaState.RUNNING)
+
 
 def deployment_report(d: DeploymentState, now: float) -> dict:
-    failed = d.backoff.deploy_failed or bool(d.config.failed or d.rollout.failed)
-    status = deployment_status(d.snapshot(now), failed, d.health.unhealthy)
+    """The full entry: the summary's fields and every replica's row (O(replicas))."""
+    status = deployment_status(d.snapshot(now), _deploy_failed(d), d.health.unhealthy)
+    return {**_entry(d, status), "replicas": _replicas(d, now)}
+
+
+def deployment_summary(d: DeploymentState, now: float) -> dict:
+    """The entry without replica rows, in O(1) in steady state."""
+    return _entry(d, status_from_counts(status_counts(d), _deploy_failed(d), d.health.unhealthy))
+
+
+def status_counts(d: DeploymentState) -> StatusCounts:
+    """``StatusCounts`` from the shell's counters (see the module's invariant)."""
+    replicas, configs = d.replicas, d.config_versions
+    version, config = d.rollout.serving.code_version, d.config.serving[1]
+    n = len(replicas)
+    off_version = n - replicas.count_version(version)
+    # a replica without a config entry reads as "" (as the snapshot does)
+    off_config = n - configs.count(config) - (n - len(configs) if config == "" else 0)
+    if off_version or off_config:  # subtract the off-target replicas that are not RUNNING
+        for replica_id in replicas.ids_in(*_NOT_RUNNING):
+            off_version -= replicas.get(replica_id).version != version
+            off_config -= configs.get(replica_id, "") != config
+    return StatusCounts(d.target_replicas, replicas.count(*ACTIVE_STATES),
+                        replicas.count(ReplicaState.RUNNING), off_version, off_config,
+                        d.deleting)
+
+
+def _deploy_failed(d: DeploymentState) -> bool:
+    return d.backoff.deploy_failed or bool(d.config.failed or d.rollout.failed)
+
+
+def _entry(d: DeploymentState, status: str) -> dict:
     message = d.rollout.failed or d.config.failed or (
         d.backoff.last_error if status in ("DEPLOY_FAILED", "UPDATING") else "")
     if d.adopting:
@@ -29,7 +73,10 @@ def deployment_report(d: DeploymentState, now: float) -> dict:
         "autoscaling": d.autoscaled,
         "push_health": {"tracked": d.health.registry.tracked, "stall_state": stall.state.value,
                         "stall_held": stall.held},
-        "replicas": _replicas(d, now),
+        "replica_counts": {s.value: d.replicas.count(s) for s in ReplicaState
+                           if s in ACTIVE_STATES or s is ReplicaState.STOPPING},
+        # serving (RUNNING, UPDATING) and passing their health checks
+        "healthy_replicas": d.replicas.count(*SERVING_STATES) - len(d.failing),
     }
 
 

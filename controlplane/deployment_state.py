@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
 from controlplane.config import AutoscalingConfig
 from controlplane.config_rollout import ConfigRollout
-from controlplane.deployment_report import deployment_report
+from controlplane.deployment_report import deployment_report, deployment_summary
 from controlplane.health.health_gate import ProbeOutcome
 from controlplane.health.health_stats import HealthTotals
 from controlplane.health.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
@@ -72,6 +72,9 @@ class DeploymentState:
         self.rank_gate = RankConsistencyGate(retry_after_error_s=settings.rank_error_retry_s)
         self._handles: dict[str, Any] = {}  # replica id -> the client's actor handle
         self._config_versions = CountedMap()  # replica id -> user_config version
+        # Serving replicas whose last health observation failed (status counts them in
+        # O(1)); a replica leaves it when it passes again or stops serving.
+        self.failing: set[str] = set()
         self.config = ConfigRollout((spec.user_config, spec.user_config_version))
         self.rollout = VersionRollout(spec)
         self._proving: dict[str, float] = {}  # new-version replica id -> end of its proving
@@ -288,8 +291,13 @@ class DeploymentState:
 
     def _show_health(self, observed: ApplyHealth) -> None:
         record = self.replicas.get(observed.replica_id)
-        if record is not None and record.state in SERVING_STATES and \
-                record.message != observed.text:
+        if record is None or record.state not in SERVING_STATES:
+            return
+        if observed.failures:
+            self.failing.add(observed.replica_id)
+        else:
+            self.failing.discard(observed.replica_id)
+        if record.message != observed.text:
             self.replicas.replace(record.with_state(record.state, message=observed.text))
 
     # ---- autoscaling ---------------------------------------------------------------------
@@ -348,6 +356,7 @@ class DeploymentState:
             self.replicas.replace(record)
         if record.state not in SERVING_STATES:
             self.health.forget(replica_id)
+            self.failing.discard(replica_id)
         if record.state in (ReplicaState.FAILED, ReplicaState.STOPPED):
             self._forget_replica(replica_id)
         self.mark_dirty()
@@ -508,8 +517,17 @@ class DeploymentState:
     def autoscaled(self) -> bool:
         return self._policy is not None
 
+    @property
+    def config_versions(self) -> CountedMap:
+        """Replica id -> the user_config version it runs (read-only for the report)."""
+        return self._config_versions
+
     def status(self, now: float) -> dict:
         return deployment_report(self, now)
+
+    def summary(self, now: float) -> dict:
+        """The status entry without replica rows, in O(1) (``deployment_summary``)."""
+        return deployment_summary(self, now)
 
 
 def _seq_of(replica_id: str) -> int:

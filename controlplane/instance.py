@@ -96,9 +96,14 @@ class Client:
         return _unwrap(lambda: ray.get(controller.deploy_in_progress.remote(),
                                        timeout=_STATUS_TIMEOUT_S))
 
-    def status(self) -> dict:
+    def status(self, summary: bool = False, app: str | None = None,
+               deployment: str | None = None) -> dict:
+        """``fleetplane status``; ``summary``: replica counts, no rows (cheap: for polls);
+        ``app``/``deployment``: only those (``UnknownName`` when unknown)."""
         controller = self.controller()
-        return _unwrap(lambda: ray.get(controller.status.remote(), timeout=_STATUS_TIMEOUT_S))
+        return _unwrap(lambda: ray.get(
+            controller.status.remote(summary=summary, app=app, deployment=deployment),
+            timeout=_STATUS_TIMEOUT_S))
 
     def shutdown(self, timeout_s: float = 60.0) -> dict:
         controller = self.controller()
@@ -112,11 +117,12 @@ class Client:
 
     def wait_until_running(self, timeout_s: float, on_status: Callable[[dict], None],
                            poll_s: float = 0.25) -> dict:
-        """Poll status until every application is RUNNING (or one DEPLOY_FAILED)."""
+        """Poll the status summary until every application is RUNNING (or one
+        DEPLOY_FAILED); ``on_status`` sees each summary (counts, no replica rows)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                status = self.status()
+                status = self.status(summary=True)
             except ControllerUnavailable:  # Ray is restarting it: keep waiting
                 time.sleep(poll_s)
                 continue

@@ -186,15 +186,22 @@ class ShardCore:
         if state is not None:
             state.record_push(replica_id, health, self._clock.monotonic(), via_heartbeat=True)
 
-    def status(self) -> dict:
+    def status(self, summary: bool = False, app: str | None = None,
+               deployment: str | None = None) -> dict:
+        """Owned deployments' entries; with ``app``/``deployment`` only those (no row is
+        built for the others); ``summary``: without replica rows, O(1) each."""
         now = self._clock.monotonic()
+        chosen = [(k, s) for k, s in self._deployments.items()
+                  if app in (None, k.app) and deployment in (None, k.name)]
         return {
             "index": self.index,
-            "deployments": {str(k): s.status(now) for k, s in self._deployments.items()},
+            "deployments": {str(k): s.summary(now) if summary else s.status(now)
+                            for k, s in chosen},
             "ticks": self.ticks,
             "tick_errors_total": self.health_totals.tick_errors_total,
             "last_tick_ms": round(self.last_tick_s * 1000, 3),
             "health": self.health_totals.statistics(now),
+            "deployments_owned": len(self._deployments),  # filtered or not
         }
 
     async def wait_drained(self, timeout_s: float) -> bool:
@@ -249,8 +256,9 @@ class ControllerShard:
                             health: PushedHealth) -> None:
         self._core.report_health(key, replica_id, health)
 
-    async def status(self) -> dict:
-        return self._core.status()
+    async def status(self, summary: bool = False, app: str | None = None,
+                     deployment: str | None = None) -> dict:
+        return self._core.status(summary, app, deployment)
 
     async def health(self) -> Any:
         """Push-health figures alone: cheap, for /metrics scrapes."""

@@ -1,7 +1,8 @@
 """The `fleetplane` command: run, deploy, status, shutdown (contract in DESIGN.md).
 
-Exit codes: 0 ok; 1 the instance refused or failed (bad code, no instance, timeout);
-2 the config file is invalid (nothing was changed).
+Exit codes: 0 ok; 1 the instance refused or failed (bad code, no instance, timeout, a
+status filter naming no application or deployment); 2 the config file is invalid
+(nothing was changed).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 
 from controlplane.config import ignored_fields, load_deploy_config
 from controlplane.errors import BuildError, ConfigError, DeployRejected, NoInstance
+from controlplane.status import UnknownName
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from fleetplane.cli_cluster import add_cluster_parser, cmd_start_local_cluster
 from fleetplane.cli_probe import add_probe_parser, cmd_probe
@@ -38,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     deploy.add_argument("--timeout-s", type=float, default=600.0)
     status = sub.add_parser("status", help="applications, deployments, replicas, controller")
     status.add_argument("--json", action="store_true", help="machine-readable (DESIGN.md)")
+    status.add_argument("--app", help="only this application")
+    status.add_argument("--deployment", help="only deployments of this name")
+    status.add_argument("--summary", action="store_true",
+                        help="replica counts by state instead of one row per replica")
     sub.add_parser("shutdown", help="drain and stop every replica and the controller")
     for sp in (deploy, status, sub.choices["shutdown"]):
         sp.add_argument("--address", help="Ray cluster address (default: the local one)")
@@ -69,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}\nnothing was changed.", file=sys.stderr)
         return EXIT_BAD_CONFIG
     except Exception as e:  # outermost: one clear line, not a Ray stack
-        if isinstance(e, (NoInstance, DeployRejected, BuildError, TimeoutError)):
+        if isinstance(e, (NoInstance, DeployRejected, BuildError, TimeoutError, UnknownName)):
             print(f"error: {e}", file=sys.stderr)
             return EXIT_FAILED
         raise
@@ -176,7 +182,7 @@ class _Supervision:
 
     def status(self, client) -> dict | None:
         try:
-            status = client.status()
+            status = client.status(summary=True)  # every 2 s, forever: O(deployments)
         except Exception as e:  # NoInstance when restarting; anything else: say it, go on
             text = str(e) if isinstance(e, NoInstance) else f"{type(e).__name__}: {e}"
             if not self._down:
@@ -249,7 +255,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     client = _attach(args.address)
-    status = client.status()
+    status = client.status(summary=args.summary, app=args.app, deployment=args.deployment)
     print(json.dumps(status, indent=2) if args.json else render_table(status))
     return EXIT_OK
 

@@ -1,12 +1,23 @@
-"""Human-readable rendering of status: live progress lines and the `status` table."""
+"""Human-readable rendering of status: live progress lines and the `status` table.
+
+Renders both entry shapes: a summary entry (``replica_counts``, no ``replicas``) and a
+full one (counted from its replica rows when it has no counts).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 
 
+def replica_counts(dep: dict) -> dict[str, int]:
+    """Replicas by state: the entry's own counts, else counted from its rows."""
+    if "replica_counts" in dep:
+        return dep["replica_counts"]
+    return Counter(r["state"] for r in dep["replicas"])
+
+
 def deployment_summary(name: str, dep: dict) -> str:
-    counts = Counter(r["state"] for r in dep["replicas"])
+    counts = {state: n for state, n in replica_counts(dep).items() if n}
     running = counts.pop("RUNNING", 0)
     rest = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     line = f"{name}: {dep['status']} {running}/{dep['target_replicas']} RUNNING"
@@ -27,7 +38,7 @@ def total_replicas(status: dict) -> tuple[int, int]:
     for a in status["applications"].values():
         for dep in a["deployments"].values():
             target += dep["target_replicas"]
-            running += sum(r["state"] == "RUNNING" for r in dep["replicas"])
+            running += replica_counts(dep).get("RUNNING", 0)
     return running, target
 
 
@@ -39,13 +50,24 @@ def render_table(status: dict) -> str:
             out.append(f"  {deployment_summary(dep_name, dep)}")
             if dep.get("message"):
                 out.extend(f"    | {line}" for line in dep["message"].splitlines()[-12:])
-            for r in dep["replicas"]:
-                node = (r["node_id"] or "-")[:12]
-                health = "healthy" if r["healthy"] else "not healthy"
-                out.append(f"    {r['replica_id']:<40} {r['state']:<9} rank={r['rank']}"
-                           f"  {health:<11} node={node}")
+            out.extend(_replica_lines(dep))
     if not status["applications"]:
         out.append("no applications")
     c = status["controller"]
     out.append(f"controller: {c['num_shards']} shard(s), generation {c['generation']}")
     return "\n".join(out)
+
+
+def _replica_lines(dep: dict) -> list[str]:
+    """One line per replica; a summary entry's one line of health instead."""
+    if "replicas" not in dep:
+        counts = dep["replica_counts"]
+        serving = counts.get("RUNNING", 0) + counts.get("UPDATING", 0)
+        return [f"    {dep['healthy_replicas']}/{serving} serving replicas healthy"]
+    lines = []
+    for r in dep["replicas"]:
+        node = (r["node_id"] or "-")[:12]
+        health = "healthy" if r["healthy"] else "not healthy"
+        lines.append(f"    {r['replica_id']:<40} {r['state']:<9} rank={r['rank']}"
+                     f"  {health:<11} node={node}")
+    return lines

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+from collections import Counter
+
 import pytest
 import ray
 
-from controlplane.status import app_status, assemble_status
+from controlplane.status import UnknownName, app_status, assemble_status, check_names
 from fleetplane import cli
 from fleetplane.progress import deployment_summary, progress_lines, render_table, total_replicas
 
@@ -146,6 +149,74 @@ def test_render_table_shows_apps_replicas_messages_and_controller():
 
 def test_render_table_says_no_applications_when_there_are_none():
     assert "no applications" in render_table(assemble_status(None, [shard(0, {})], 0))
+
+
+# ---- summary entries and filters -------------------------------------------------------
+
+def summarized(dep: dict) -> dict:
+    """A full entry as the shard's summary gives it: counts, no rows."""
+    states = Counter(r["state"] for r in dep["replicas"])
+    return {**{k: v for k, v in dep.items() if k != "replicas"},
+            "replica_counts": {s: states[s] for s in ("STARTING", "RUNNING", "UPDATING",
+                                                      "STOPPING")},
+            "healthy_replicas": sum(r["healthy"] for r in dep["replicas"])}
+
+
+def summary_status() -> dict:
+    full = small_status()
+    for a in full["applications"].values():
+        a["deployments"] = {name: summarized(dep) for name, dep in a["deployments"].items()}
+    return full
+
+
+def test_progress_from_summary_entries_reads_as_from_the_rows():
+    assert progress_lines(summary_status()) == progress_lines(small_status())
+    assert total_replicas(summary_status()) == total_replicas(small_status()) == (2, 4)
+
+
+def test_render_table_of_a_summary_shows_counts_and_health_instead_of_rows():
+    lines = render_table(summary_status()).splitlines()
+    assert lines[1] == "  Adder: UPDATING 1/3 RUNNING (1 STARTING, 1 STOPPING)"
+    assert lines[14] == "    1/1 serving replicas healthy"
+    assert lines[15:] == ["  Router: HEALTHY 1/1 RUNNING", "    1/1 serving replicas healthy",
+                          "controller: 1 shard(s), generation 4"]
+
+
+def test_a_filtered_status_lists_only_the_applications_asked_for():
+    only_shop = [shard(0, {"shop/Router": deployment("HEALTHY", 1, [replica("r-1")])})]
+    apps = assemble_status(CONFIG, only_shop, 1, app="shop")["applications"]
+    assert list(apps) == ["shop"] and list(apps["shop"]["deployments"]) == ["Router"]
+    by_name = assemble_status(CONFIG, only_shop, 1, deployment="Router")["applications"]
+    assert list(by_name) == ["shop"]  # not the config's other applications
+
+
+def test_shard_rows_count_owned_deployments_even_when_filtered():
+    answer = {**shard(0, {}), "deployments_owned": 5}
+    [row] = assemble_status(CONFIG, [answer], 1, app="echo")["controller"]["shards"]
+    assert row["deployments"] == 5
+
+
+KNOWN = [("shop", "Router"), ("shop", "Adder"), ("echo", "Echo")]
+
+
+def test_check_names_accepts_known_names_and_config_apps_without_deployments():
+    check_names("shop", "Adder", KNOWN)
+    check_names(None, "Echo", KNOWN)
+    check_names("fresh", None, KNOWN, apps=["fresh"])
+    check_names(None, None, [])
+
+
+@pytest.mark.parametrize("app, dep, says", [
+    ("nope", None, "no application named 'nope' (known: echo, shop)"),
+    (None, "Nope", "no deployment named 'Nope' (known: Adder, Echo, Router)"),
+    ("echo", "Router", "no deployment named 'Router' in application 'echo' (known: Echo)"),
+])
+def test_an_unknown_name_is_an_error_naming_it_and_what_is_known(app, dep, says):
+    with pytest.raises(UnknownName) as caught:
+        check_names(app, dep, KNOWN)
+    assert str(caught.value) == says
+    again = pickle.loads(pickle.dumps(caught.value))  # it crosses the controller actor
+    assert str(again) == says and isinstance(again, LookupError)
 
 
 # ---- CLI: invalid configs fail before any Ray call -------------------------------------

@@ -85,8 +85,10 @@ def test_a_stopped_actor_is_not_recovered_and_stop_all_ends_every_watch():
 class FakeClient:
     def __init__(self) -> None:
         self.answers: list = []
+        self.asked: list[dict] = []
 
-    def status(self) -> dict:
+    def status(self, **filters) -> dict:
+        self.asked.append(filters)
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -112,6 +114,7 @@ def test_run_reports_each_outage_and_restart_once(capsys):
         "control plane: shard_0 died (killed); Ray is restarting it",
         "control plane: shard_0 restarted by Ray and recovered (1 restart(s); last: killed)",
     ]  # a count back at 0 (the controller itself restarted) is not news
+    assert all(asked == {"summary": True} for asked in client.asked)  # never every replica
 
 
 def test_an_unwatched_actor_is_neither_recovered_nor_listed():
