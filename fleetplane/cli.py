@@ -19,6 +19,7 @@ from controlplane.status import UnknownName
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from fleetplane.cli_cluster import add_cluster_parser, cmd_start_local_cluster
 from fleetplane.cli_probe import add_probe_parser, cmd_probe
+from fleetplane.cli_profile import add_profile_parser, cmd_profile
 from fleetplane.progress import progress_lines, render_table, total_replicas
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
@@ -49,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--address", help="Ray cluster address (default: the local one)")
     add_llm_health_parser(sub)
     add_probe_parser(sub)
+    add_profile_parser(sub)
     add_cluster_parser(sub)
     k8s = sub.add_parser("k8s", help="Kubernetes manifests").add_subparsers(
         dest="k8s_command", required=True)
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handlers = {"run": cmd_run, "deploy": cmd_deploy, "status": cmd_status,
                 "shutdown": cmd_shutdown, "llm-health": cmd_llm_health, "probe": cmd_probe,
+                "profile": cmd_profile,
                 "start-local-cluster": cmd_start_local_cluster, "k8s": cmd_k8s}
     try:
         return handlers[args.command](args)
