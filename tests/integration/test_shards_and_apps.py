@@ -84,6 +84,18 @@ def test_cli_deploy_and_status_against_running_instance(fleet, tmp_path):
     status = json.loads(shown.stdout)
     assert status["applications"]["cli"]["status"] == "RUNNING"
     assert status["controller"]["num_shards"] == 2
+    full = status["applications"]["cli"]["deployments"]["Model"]
+    summary = _cli("status", "--json", "--summary", "--app", "cli", "--deployment", "Model")
+    assert summary.returncode == 0, summary.stderr
+    brief = json.loads(summary.stdout)
+    assert list(brief["applications"]) == ["cli"]
+    model = brief["applications"]["cli"]["deployments"]["Model"]
+    assert "replicas" not in model and model["healthy_replicas"] == 1
+    assert model["replica_counts"]["RUNNING"] == len(full["replicas"]) == 1
+    assert {k: v for k, v in full.items() if k != "replicas"}.keys() <= model.keys()
+    unknown = _cli("status", "--app", "cli", "--deployment", "Nope")
+    assert unknown.returncode == 1
+    assert "no deployment named 'Nope' in application 'cli'" in unknown.stderr
 
 
 def test_restarted_controller_resumes_from_checkpoint(fleet):
