@@ -38,7 +38,7 @@ from controlplane.health.health_stats import merge_all
 from controlplane.long_poll import LongPollHost
 from controlplane.nodes import NodeChanges, NodeInfo, NodeWatch, node_rows, read_nodes
 from controlplane.proxy_fleet import ProxyFleet
-from controlplane.settings import Settings, shard_actor_name
+from controlplane.settings import REPORTER_PREFIX, Settings, shard_actor_name
 from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of, with_direct_ingress
 from controlplane.status import assemble_status, check_names
@@ -285,10 +285,21 @@ class Controller:
             for shard in self._shards:
                 ray.kill(shard, no_restart=True)
             await self._proxies.shutdown()
+            await asyncio.to_thread(_kill_reporters, self._settings.namespace)
             internal_kv._internal_kv_del(self._settings.checkpoint_key)
             internal_kv._internal_kv_del(f"{self._settings.checkpoint_key}/restarts")
             self._shards, self._specs, self._config = [], {}, None
             return {"drained": all(d is True for d in drained)}
+
+
+def _kill_reporters(namespace: str) -> None:
+    """The node reporters of this namespace (replicas create them; nothing else ends them)."""
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == namespace and actor["name"].startswith(REPORTER_PREFIX):
+            try:
+                ray.kill(ray.get_actor(actor["name"], namespace=namespace), no_restart=True)
+            except ValueError:  # gone meanwhile
+                pass
 
 
 def _log_failed_recovery(task: asyncio.Task) -> None:

@@ -46,7 +46,8 @@ from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec, stable_hash
 from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
 from controlplane.version_rollout import VersionRollout
-from controlplane.wire import MetricReport, PushedHealth, ReplicaDescription, RoutingUpdate
+from controlplane.wire import (MetricReport, PushedHealth, ReplicaDescription, ReportRow,
+                               RoutingUpdate, row_report)
 
 if TYPE_CHECKING:
     from controlplane.replica_ops import ReplicaOps
@@ -301,6 +302,26 @@ class DeploymentState:
             self.replicas.replace(record.with_state(record.state, message=observed.text))
 
     # ---- autoscaling ---------------------------------------------------------------------
+    def record_rows(self, rows: list[ReportRow], now: float) -> None:
+        """A node batch's rows of this deployment: what ``record_metrics`` does per
+        report, without a report object per row where no autoscaling reads the load.
+        A malformed row is logged and skipped; it never costs the rest of the batch."""
+        get, push, policy = self.replicas.get, self.health.record_push, self._policy
+        for row in rows:
+            try:
+                if policy is not None:
+                    self.record_metrics(row_report(row), now)
+                    continue
+                replica_id, _, _, healthy, checked_at, failures, error = row
+                if healthy is None:
+                    continue
+                record = get(replica_id)
+                if record is not None and record.state in ACTIVE_STATES:
+                    push(replica_id, PushedHealth(healthy, checked_at, failures, error), now)
+            except (TypeError, ValueError) as e:
+                logger.warning("%s: dropped a malformed report row %.200r: %s",
+                               self.spec.id, row, e)
+
     def record_metrics(self, report: MetricReport, now: float) -> None:
         if report.health is not None:  # before the policy check: health rides on every report
             self.record_push(report.replica_id, report.health, now)

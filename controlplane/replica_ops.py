@@ -48,6 +48,7 @@ class ReplicaOps:
         self._namespace = namespace
         self._report_interval_s = replica_settings.metrics_report_interval_s
         self._drain_min_s = replica_settings.drain_min_s
+        self._batch_interval_s = replica_settings.report_batch_interval_s
         self._phase1 = replica_settings.deregister_before_stop
 
     # ---- start ------------------------------------------------------------------------------
@@ -85,7 +86,8 @@ class ReplicaOps:
             health_check_timeout_s=spec.health_check_timeout_s,
             unhealthy_threshold=d.settings.unhealthy_threshold,
             direct_ingress=self._direct_ingress(spec.direct_ingress),
-            world_size=max(1, d.target_replicas))
+            world_size=max(1, d.target_replicas),
+            report_batch_interval_s=self._batch_interval_s)
 
     def _direct_ingress(self, init: DirectIngressInit | None) -> DirectIngressInit | None:
         if init is None or self._phase1:

@@ -30,7 +30,7 @@ from controlplane.replica_ops import ReplicaOps
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import MetricReport, PushedHealth
+from controlplane.wire import Batch, MetricReport, PushedHealth
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,16 @@ class ShardCore:
         if state is not None:
             state.record_metrics(report, self._clock.monotonic())
 
+    def report_batch(self, batch: Batch) -> None:
+        """A node reporter's batch: many replicas' reports, one call (issue 13). Rows of
+        deployments this shard does not own (any more) are dropped, as single reports are."""
+        now = self._clock.monotonic()
+        self.health_totals.batches_total += 1
+        for key, rows in batch.items():
+            state = self._deployments.get(DeploymentId(*key))
+            if state is not None:
+                state.record_rows(rows, now)
+
     def report_model_ids(self, key: tuple[str, str], replica_id: str,
                          ids: tuple[str, ...]) -> None:
         state = self._deployments.get(DeploymentId(*key))
@@ -246,6 +256,10 @@ class ControllerShard:
 
     async def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
         self._core.report_metrics(key, report)
+
+    async def report_batch(self, batch: Batch) -> None:
+        """Reports of many replicas from their node's reporter (``NodeReporter``)."""
+        self._core.report_batch(batch)
 
     async def report_model_ids(self, key: tuple[str, str], replica_id: str,
                                ids: tuple[str, ...]) -> None:

@@ -1,12 +1,17 @@
 """Push vs pull replica health at scale, through the real shard ingest path.
 
-    python -m release_tests.health_push --replicas 8192 --duration-s 120 --mode both
+    python -m release_tests.health_push --replicas 16384 --duration-s 120 --mode batched,push
 
 Runs N simulated replicas (many per host process, ``release_tests.sim_fleet``) against a
-real ``ControllerShard`` (its ``report_metrics`` actor method, ``ShardCore``,
-``DeploymentHealth``, stall guard and probes), once per mode:
+real ``ControllerShard`` (its ``report_batch`` / ``report_metrics`` actor methods,
+``ShardCore``, ``DeploymentHealth``, stall guard and probes), once per mode:
 
-- push: every metric report carries the replica's newest self-check result; pull probes
+- batched (fleetplane's default path): each host stands for a node with its reporter: its
+  replicas' reports go into the node reporter's ``ReportBatcher`` and the shard receives
+  one ``report_batch`` call per host per ``--batch-interval-s``. The local hand-off a real
+  replica makes to its node's reporter is not a Ray call here (it costs the node, not
+  the shard being measured).
+- push (one call per report, ``report_batch_interval_s: 0``): every metric report carries the replica's newest self-check result; pull probes
   run only for replicas whose push went stale.
 - pull: the same metric reports without health; every replica's health comes from a pull
   probe once per health period (the same shard code path, with nothing pushed).
@@ -67,9 +72,10 @@ def _start(fleet: SimFleet, n: int) -> float:
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, dict]:
-    cfg = SimConfig(replicas=args.replicas, push=mode == "push", period_s=args.period_s,
+    cfg = SimConfig(replicas=args.replicas, push=mode != "pull", period_s=args.period_s,
                     timeout_s=args.timeout_s, report_interval_s=args.report_interval_s,
-                    per_host=args.per_host, namespace=f"fleetplane_sim_{mode}_{time.time_ns()}")
+                    per_host=args.per_host, namespace=f"fleetplane_sim_{mode}_{time.time_ns()}",
+                    batch_interval_s=args.batch_interval_s if mode == "batched" else 0.0)
     _log(f"[{mode}] starting {cfg.replicas} simulated replicas")
     fleet = SimFleet(cfg)
     try:
@@ -147,7 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, required=True)
     parser.add_argument("--duration-s", type=float, required=True)
-    parser.add_argument("--mode", choices=("push", "pull", "both"), default="both")
+    parser.add_argument("--mode", default="batched,push",
+                        help="comma-separated: batched (node reporters' batches, the "
+                             "default path), push (one call per report), pull; 'both' = "
+                             "push,pull")
+    parser.add_argument("--batch-interval-s", type=float, default=1.0,
+                        help="batched mode: a host (node) sends its shard one batch per this")
     parser.add_argument("--period-s", type=float, default=10.0, help="health_check_period_s")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="health_check_timeout_s")
     parser.add_argument("--report-interval-s", type=float, default=10.0,
@@ -164,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.warmup_periods} periods, {args.duration_s}s measured, freshness deadline "
           f"1.5 x period")
     results, all_rows = {}, {}
-    for mode in (("push", "pull") if args.mode == "both" else (args.mode,)):
+    modes = ["push", "pull"] if args.mode == "both" else args.mode.split(",")
+    for mode in modes:
+        if mode not in ("batched", "push", "pull"):
+            parser.error(f"--mode: unknown mode {mode!r}; use batched, push or pull")
+    for mode in modes:
         results[mode], all_rows[mode] = run_mode(mode, args)
     print(_table(results, args))
     for mode, r in results.items():

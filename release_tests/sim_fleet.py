@@ -42,8 +42,10 @@ from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, call_rep
 from controlplane.settings import ReplicaSettings, Settings, ShardSettings, shard_actor_name
 from controlplane.shard import ControllerShard, ShardCore
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import MetricReport, PushedHealth, ReplicaDescription, ReplicaInit
+from controlplane.wire import (MetricReport, PushedHealth, ReplicaDescription, ReplicaInit,
+                               report_row)
 from release_tests.health_records import UpdateRecorder
+from replicas.report_batch import ReportBatcher
 from replicas.self_health import HealthCheckFailed
 
 logger = logging.getLogger(__name__)
@@ -78,8 +80,14 @@ class SimHost:
 
     TURN_S = 0.05  # scheduler resolution; adds at most this to a report's interval
 
-    def __init__(self, push: bool, seed: int = 0) -> None:
+    def __init__(self, push: bool, seed: int = 0, batch_interval_s: float = 0.0) -> None:
         self._push = push
+        # Batched: this host stands for a node and its reporter (``NodeReporter``): its
+        # replicas' rows go into the same ``ReportBatcher``, one batch per interval.
+        self._batch_interval_s = batch_interval_s
+        self._batcher = ReportBatcher(stuck_after_s=60.0) if batch_interval_s > 0 else None
+        self._next_flush = 0.0
+        self._batches: dict[Any, str] = {}  # ObjectRef -> shard name
         self._rng = random.Random(seed)
         self._replicas: dict[str, _SimReplica] = {}
         self._due: list[tuple[float, str]] = []  # heap of (send at, replica id)
@@ -103,7 +111,22 @@ class SimHost:
         while True:
             self._collect(time.monotonic())
             self._send_due(time.monotonic())
+            self._flush(time.monotonic())
             await asyncio.sleep(self.TURN_S)
+
+    def _flush(self, now: float) -> None:
+        if self._batcher is None:
+            return
+        if self._batches:
+            done, _ = ray.wait(list(self._batches), num_returns=len(self._batches), timeout=0,
+                               fetch_local=False)
+            for ref in done:
+                self._batcher.sent(self._batches.pop(ref))
+        if now < self._next_flush:
+            return
+        self._next_flush = now + self._batch_interval_s
+        for shard, batch in self._batcher.take_ready(now):
+            self._batches[self._shard.report_batch.remote(batch, sent_at=time.time())] = shard
 
     def _collect(self, now: float) -> None:
         if not self._in_flight:
@@ -129,6 +152,10 @@ class SimHost:
             health = r.newest_result(now) if self._push else None
             report = TimedReport(replica_id, 0, 0, health=health, sent_at=time.time())
             key = (r.init.app_name, r.init.deployment)
+            if self._batcher is not None:  # a local hand-off: done at once
+                self._batcher.add(r.init.shard_name, key, report_row(report))
+                heapq.heappush(self._due, (now + r.init.metrics_report_interval_s, replica_id))
+                continue
             try:
                 self._in_flight[self._shard.report_metrics.remote(key, report)] = replica_id
             except Exception:
@@ -284,6 +311,16 @@ class SimShard(ControllerShard):
             self._recorder.on_push(report.replica_id, report.health.checked_at, time.monotonic(),
                                    time.time() - report.sent_at)
 
+    async def report_batch(self, batch: Any, sent_at: float = 0.0) -> None:
+        if not self._ingest_open.is_set():
+            await self._ingest_open.wait()
+        await super().report_batch(batch)
+        now, delay = time.monotonic(), time.time() - sent_at
+        for rows in batch.values():
+            for row in rows:
+                if row[3] is not None:
+                    self._recorder.on_push(row[0], row[4], now, delay)
+
     async def report_health(self, key: tuple[str, str], replica_id: str,
                             health: PushedHealth) -> None:
         if not self._ingest_open.is_set():
@@ -340,6 +377,7 @@ class SimConfig:
     report_interval_s: float = 10.0
     per_host: int = 2048
     stall_cap_s: float = 120.0
+    batch_interval_s: float = 0.0  # > 0: each host sends node batches (NodeReporter's way)
     namespace: str = "fleetplane_sim"
 
     def __post_init__(self) -> None:
@@ -356,7 +394,8 @@ class SimFleet:
         n_hosts = max(1, -(-cfg.replicas // cfg.per_host))
         host_cls = ray.remote(SimHost).options(num_cpus=0, max_concurrency=100_000,
                                                namespace=cfg.namespace)
-        self.hosts = [host_cls.remote(cfg.push, seed=i) for i in range(n_hosts)]
+        self.hosts = [host_cls.remote(cfg.push, seed=i, batch_interval_s=cfg.batch_interval_s)
+                      for i in range(n_hosts)]
         settings = Settings(
             namespace=cfg.namespace, shard=ShardSettings(stall_episode_cap_s=cfg.stall_cap_s),
             replica=ReplicaSettings(metrics_report_interval_s=cfg.report_interval_s))

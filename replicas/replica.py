@@ -35,6 +35,7 @@ from replicas.serve_context import (ModelIds, ServeIdentity, install_replica_con
 from replicas.direct_ingress import DirectIngress, DirectIngressApp
 from replicas.asgi_websocket import WebSocketSession, websocket_scope
 from replicas.http_adapter import asgi_scope, is_streaming, response_parts, unary_response
+from replicas.node_reporter import report_sender
 from replicas.replica_health import ReplicaHealth
 from replicas.self_health import HealthCheckFailed
 from replicas.user_callable import UserCallable
@@ -389,12 +390,12 @@ class Replica:
                             health=self._health.for_report())
 
     async def _report_forever(self, shard: Any) -> None:
-        key = (self._init.app_name, self._init.deployment)
+        sender = report_sender(self._init, shard, self._clock)
         while True:
             try:  # at most one report in flight: await it before the next
-                ref = shard.report_metrics.remote(key, self._report())
+                report = self._report()
                 self._health.report_sent()
-                await ref
+                await sender.send(report)
             except Exception as e:  # the shard may be restarting; keep reporting
                 logger.warning("metric report to %s failed: %r", self._init.shard_name, e)
             await asyncio.sleep(self._init.metrics_report_interval_s)

@@ -155,6 +155,7 @@ class HealthStatistics:
     # probe result never counts (seed 000: the counter follows the observation acted on).
     health_check_failures_total: int = 0
     tick_errors_total: int = 0  # deployment ticks that raised (each backs its deployment off)
+    batches_total: int = 0  # node reporters' batches taken in (each carries many reports)
 
     def merge(self, other: HealthStatistics) -> HealthStatistics:
         return HealthStatistics(
@@ -164,7 +165,8 @@ class HealthStatistics:
             self.stall_episodes_total + other.stall_episodes_total,
             self.intervals.merge(other.intervals),
             self.health_check_failures_total + other.health_check_failures_total,
-            self.tick_errors_total + other.tick_errors_total)
+            self.tick_errors_total + other.tick_errors_total,
+            self.batches_total + other.batches_total)
 
     def as_json(self) -> dict:
         """The ``controller.health`` object of ``fleetplane status --json``."""
@@ -173,6 +175,7 @@ class HealthStatistics:
                 "stall_episodes_total": self.stall_episodes_total,
                 "health_check_failures_total": self.health_check_failures_total,
                 "tick_errors_total": self.tick_errors_total,
+                "report_batches_total": self.batches_total,
                 "self_check_interval_s": self.intervals.as_dict(),
                 "self_check_intervals_total": self.intervals.count}
 
@@ -198,10 +201,11 @@ class HealthTotals:
         self.stall_episodes_total = 0
         self.health_check_failures_total = 0
         self.tick_errors_total = 0
+        self.batches_total = 0
         self.intervals = IntervalWindows(window_s)
 
     def statistics(self, now: float) -> HealthStatistics:
         return HealthStatistics(self.pushes_total, self.heartbeats_total,
                                 self.pull_probes_total, self.stall_episodes_total,
                                 self.intervals.snapshot(now), self.health_check_failures_total,
-                                self.tick_errors_total)
+                                self.tick_errors_total, self.batches_total)

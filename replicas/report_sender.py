@@ -1,0 +1,77 @@
+"""Where a replica's metric report goes: its node's reporter, or its shard directly.
+
+Owns the choice per report and the fallback when the node reporter is missing, dead,
+slow or says no (``replicas.node_reporter``; issue 13).
+
+Invariants:
+
+- A report carrying an unhealthy result goes to the shard directly, never through a
+  batch: a flip to unhealthy reaches the shard at once (seed 000), not an interval later.
+- Any failure of the node path (the reporter died, did not answer within the report
+  interval, or refused because its link to the shard is stuck) sends that same report
+  directly, so a broken relay costs no freshness; the reporter is looked up again only
+  after ``RETRY_REPORTER_S``, so a dead one is not hammered by every replica of its node.
+- ``interval_s`` 0 (``ReplicaSettings.report_batch_interval_s``): every report is direct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable
+
+from controlplane.clock import Clock
+from controlplane.wire import MetricReport, report_row
+
+logger = logging.getLogger(__name__)
+
+RETRY_REPORTER_S = 30.0
+
+
+class ReportSender:
+    def __init__(self, shard: Any, shard_name: str, key: tuple[str, str], clock: Clock,
+                 find_reporter: Callable[[], Awaitable[Any]] | None,
+                 timeout_s: float) -> None:
+        self._shard = shard
+        self._shard_name = shard_name
+        self._key = key
+        self._clock = clock
+        self._find_reporter = find_reporter  # None: batching is off
+        self._timeout_s = timeout_s
+        self._reporter: Any = None
+        self._retry_at = 0.0
+        self.via_node = 0  # reports the node reporter took
+        self.direct = 0  # reports sent to the shard directly
+
+    async def send(self, report: MetricReport) -> None:
+        if await self._via_node(report):
+            self.via_node += 1
+            return
+        self.direct += 1
+        await self._shard.report_metrics.remote(self._key, report)
+
+    async def _via_node(self, report: MetricReport) -> bool:
+        if self._find_reporter is None or (report.health is not None
+                                           and not report.health.healthy):
+            return False
+        if self._reporter is None:
+            if self._clock.monotonic() < self._retry_at:
+                return False
+            try:
+                self._reporter = await self._find_reporter()
+            except Exception as e:
+                return self._failed(f"finding the node reporter failed: {e!r}")
+        try:
+            ref = self._reporter.report.remote(self._shard_name, self._key, report_row(report))
+            if await asyncio.wait_for(ref, self._timeout_s):
+                return True
+            return False  # its link to the shard is stuck: direct, keep the reporter
+        except Exception as e:  # died or too slow: direct, and look again later
+            return self._failed(f"the node reporter failed: {e!r}")
+
+    def _failed(self, why: str) -> bool:
+        logger.warning("%s; reporting directly to %s for %gs", why, self._shard_name,
+                       RETRY_REPORTER_S)
+        self._reporter = None
+        self._retry_at = self._clock.monotonic() + RETRY_REPORTER_S
+        return False

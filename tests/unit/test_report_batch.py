@@ -1,0 +1,213 @@
+"""Node-batched reports: the batcher, the replica's choice of path, and the shard's intake."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controlplane.clock import FakeClock
+from controlplane.wire import MetricReport, PushedHealth, report_row, row_report
+from replicas.report_batch import ReportBatcher
+from replicas.report_sender import RETRY_REPORTER_S, ReportSender
+from tests.unit.shard_harness import DEP, Shard, make_spec
+from tests.unit.virtual_time import run_virtual
+
+KEY = (DEP.app, DEP.name)
+
+
+def report(replica_id: str = "r1", healthy: bool | None = True, at: float = 1.0,
+           ongoing: int = 0) -> MetricReport:
+    health = None if healthy is None else PushedHealth(healthy, at, 0 if healthy else 1,
+                                                         "" if healthy else "boom")
+    return MetricReport(replica_id, ongoing, 0, health)
+
+
+# --- the row format ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("healthy", [True, False, None])
+def test_a_row_carries_the_whole_report(healthy):
+    original = report(healthy=healthy, ongoing=3)
+    assert row_report(report_row(original)) == original
+
+
+# --- the batcher -----------------------------------------------------------------------------
+
+
+def test_newest_row_per_replica_wins_and_batches_group_by_deployment():
+    b = ReportBatcher(stuck_after_s=5)
+    b.add("s0", KEY, report_row(report("r1", at=1.0)))
+    b.add("s0", KEY, report_row(report("r1", at=2.0)))
+    b.add("s0", ("other", "D"), report_row(report("r2")))
+    b.add("s1", KEY, report_row(report("r3")))
+    ready = dict(b.take_ready(now=0.0))
+    assert [row[4] for row in ready["s0"][KEY]] == [2.0]
+    assert set(ready["s0"]) == {KEY, ("other", "D")} and set(ready["s1"]) == {KEY}
+    assert b.take_ready(now=0.1) == []  # nothing new, and both batches are in flight
+
+
+def test_one_batch_in_flight_per_shard_then_the_next():
+    b = ReportBatcher(stuck_after_s=5)
+    b.add("s0", KEY, report_row(report("r1")))
+    assert len(b.take_ready(0.0)) == 1
+    b.add("s0", KEY, report_row(report("r2")))
+    assert b.take_ready(0.5) == []  # the first is still out
+    b.sent("s0")
+    [(shard, batch)] = b.take_ready(1.0)
+    assert [row[0] for row in batch[KEY]] == ["r2"]
+
+
+def test_a_failed_batch_is_kept_under_newer_rows():
+    b = ReportBatcher(stuck_after_s=5)
+    b.add("s0", KEY, report_row(report("r1", at=1.0)))
+    b.add("s0", KEY, report_row(report("r2", at=1.0)))
+    [(_, batch)] = b.take_ready(0.0)
+    b.add("s0", KEY, report_row(report("r1", at=2.0)))  # arrives while the batch is out
+    b.failed("s0", batch)
+    [(_, again)] = b.take_ready(1.0)
+    assert sorted((row[0], row[4]) for row in again[KEY]) == [("r1", 2.0), ("r2", 1.0)]
+    assert b.failed_batches_total == 1
+
+
+def test_a_stuck_batch_makes_the_reporter_refuse_rows_for_that_shard_only():
+    b = ReportBatcher(stuck_after_s=5)
+    b.add("s0", KEY, report_row(report("r1")))
+    b.take_ready(10.0)
+    assert b.accepts("s0", 14.9) and b.accepts("s1", 100.0)
+    assert not b.accepts("s0", 15.0)
+    b.sent("s0")
+    assert b.accepts("s0", 15.0)
+
+
+# --- the replica's path ------------------------------------------------------------------------
+
+
+class Remote:
+    """``actor.method.remote(...)`` returning an awaitable, recording the call."""
+
+    def __init__(self, answer=None, error: BaseException | None = None, hang: bool = False):
+        self.calls: list[tuple] = []
+        self.answer, self.error, self.hang = answer, error, hang
+
+    def remote(self, *args):
+        self.calls.append(args)
+        return self._result()
+
+    async def _result(self):
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+
+class FakeActor:
+    def __init__(self, **methods: Remote) -> None:
+        for name, remote in methods.items():
+            setattr(self, name, remote)
+
+
+def sender(reporter: FakeActor | None, clock: FakeClock) -> tuple[ReportSender, FakeActor]:
+    shard = FakeActor(report_metrics=Remote())
+    found = []
+
+    async def find():
+        found.append(1)
+        if reporter is None:
+            raise RuntimeError("no node")
+        return reporter
+    return ReportSender(shard, "s0", KEY, clock, find, timeout_s=5.0), shard
+
+
+def drive(coro_fn):
+    clock = FakeClock()
+    return run_virtual(clock, lambda: coro_fn(clock))
+
+
+def test_healthy_reports_go_through_the_node_and_an_unhealthy_one_goes_directly():
+    async def main(clock):
+        reporter = FakeActor(report=Remote(answer=True))
+        s, shard = sender(reporter, clock)
+        await s.send(report(healthy=True))
+        await s.send(report(healthy=None))
+        await s.send(report(healthy=False, at=2.0))
+        assert len(reporter.report.calls) == 2
+        assert [args[1].health.healthy for args in shard.report_metrics.calls] == [False]
+        assert reporter.report.calls[0][:2] == ("s0", KEY)
+    drive(main)
+
+
+@pytest.mark.parametrize("reporter", [
+    FakeActor(report=Remote(error=RuntimeError("actor died"))),  # dead
+    FakeActor(report=Remote(hang=True)),  # wedged: the report times out
+    None,  # could not be found or created
+])
+def test_a_broken_reporter_sends_the_same_report_directly_and_is_retried_later(reporter):
+    async def main(clock):
+        s, shard = sender(reporter, clock)
+        first = report(at=1.0)
+        await s.send(first)
+        assert [args[1] for args in shard.report_metrics.calls] == [first]
+        calls = len(reporter.report.calls) if reporter else 0
+        await s.send(report(at=2.0))  # within the retry delay: not asked again
+        assert (len(reporter.report.calls) if reporter else 0) == calls
+        assert len(shard.report_metrics.calls) == 2
+        clock.advance(RETRY_REPORTER_S)
+        await s.send(report(at=3.0))
+        assert (len(reporter.report.calls) if reporter else 0) == calls + (1 if reporter else 0)
+    drive(main)
+
+
+def test_a_reporter_that_refuses_keeps_being_asked_but_the_report_goes_directly():
+    async def main(clock):
+        reporter = FakeActor(report=Remote(answer=False))  # its shard link is stuck
+        s, shard = sender(reporter, clock)
+        await s.send(report(at=1.0))
+        await s.send(report(at=2.0))
+        assert len(reporter.report.calls) == 2 and len(shard.report_metrics.calls) == 2
+    drive(main)
+
+
+def test_batching_off_sends_everything_directly():
+    async def main(clock):
+        shard = FakeActor(report_metrics=Remote())
+        s = ReportSender(shard, "s0", KEY, clock, None, timeout_s=5.0)
+        await s.send(report())
+        assert s.direct == 1 and s.via_node == 0
+    drive(main)
+
+
+# --- the shard's intake ---------------------------------------------------------------------------
+
+
+def test_a_batch_feeds_the_same_health_as_single_reports():
+    async def main():
+        batched, single = Shard(), Shard()
+        for shard in (batched, single):
+            await shard.deploy(make_spec(num_replicas=3))
+        ids = sorted(r["replica_id"] for r in batched.replicas())
+        assert ids == sorted(r["replica_id"] for r in single.replicas())
+        reports = [report(ids[0], healthy=True, at=5.0), report(ids[1], healthy=False, at=5.0),
+                   report(ids[2], healthy=None)]
+        batched.core.report_batch({KEY: [report_row(r) for r in reports],
+                                   ("gone", "D"): [report_row(report("x"))]})
+        for r in reports:
+            single.core.report_metrics(KEY, r)
+        await batched.step()
+        await single.step()
+        assert batched.replicas() == single.replicas()
+        b = batched.core.health_totals.statistics(0.0)
+        assert b.pushes_total == 2 and b.batches_total == 1
+    run_virtual(FakeClock(), main)
+
+
+def test_a_malformed_row_is_dropped_and_the_rest_of_the_batch_is_taken():
+    async def main():
+        shard = Shard()
+        await shard.deploy(make_spec(num_replicas=2))
+        a, b = sorted(r["replica_id"] for r in shard.replicas())
+        bad = (a, 0, 0, False, 5.0, 0, "unhealthy with no failure counted")
+        shard.core.report_batch({KEY: [bad, ("short",), report_row(report(b, at=5.0))]})
+        assert shard.core.health_totals.statistics(0.0).pushes_total == 1
+    run_virtual(FakeClock(), main)
