@@ -1,0 +1,338 @@
+"""The control plane at fleet scale: fleetplane's shard and Ray Serve 2.60's controller state
+at the same N replicas, on the same machine, in one run (issues 13 and 16).
+
+    python -m release_tests.scale --replicas 1000,4000,16000,32000 [--quick] [--ray]
+
+In process, no Ray cluster: each (system, N) runs in its own worker process (so RSS and
+the garbage collector's state are its own), through the real controller objects with
+fake replicas that start and stop at once (``scale_fleet``: ``ShardCore``;
+``scale_serve``: ``DeploymentStateManager``). Measured per N:
+
+- steady tick p50/p99: fleetplane's ``ShardCore.tick()`` with one push per replica per
+  10 s period flowing (``report_metrics`` with ``PushedHealth``, spread over the 0.1 s
+  ticks) and one more autoscaled deployment of N/16 replicas reporting load every second;
+  Serve's ``DeploymentStateManager.update()`` with N RUNNING replicas, always healthy.
+- fleetplane only: the tick's own work (no pushes), ``push_us`` (ingest plus the tick
+  time the pushes add, per push), the tick during a rolling update (10% surge), shard RSS.
+- both: 0 -> N RUNNING (``scaleup_s``), a rolling replacement of all N, a scale-down to
+  N/32, each as the controller's time with its calls back to back (replicas start at
+  once, so this is the control plane's own bound; a real loop adds its 0.1 s sleeps,
+  shown as ticks) and its CPU per replica.
+- with ``--ray``: ``release_tests.health_push`` (push mode, a real shard actor and
+  simulated replicas) at each N for ``--ray-duration-s``: shard CPU per health update and
+  the freshness miss rate.
+
+Prints the machine, the table, the 16K/1K growth of tick p50 for both, py-spy's top
+frames of the 16K steady tick (flame graph under ``release_tests/results/``), writes
+Parquet there, and as its last line one JSON object keyed by system and N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FULL_SIZES = "1000,4000,16000,32000"
+QUICK_SIZES = "1000,4000"
+FLEET_KEYS = ("tick_p50_ms", "tick_p99_ms", "push_us", "rollout_tick_ms", "scaleup_s",
+              "shard_cpu_us_per_update", "miss_rate")
+SERVE_KEYS = ("tick_p50_ms", "scaleup_s")
+# Beside the contract keys, in both systems' entries: the same figures as CPU time, which
+# another process on the cores (a CI run) does not inflate the way it inflates wall time.
+CPU_KEYS = ("tick_cpu_p50_ms", "rollout_tick_cpu_ms", "scaleup_cpu_us_per_replica")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """A phase driven until it converged: the controller's time with its calls back to back,
+    the CPU they took, and the control-loop iterations (ticks) it needed."""
+
+    controller_s: float
+    cpu_s: float
+    ticks: int
+    converged: bool
+
+    def text(self, changed: int) -> str:
+        tail = "" if self.converged else f" (NOT converged after {self.ticks} ticks)"
+        return (f"{self.controller_s:.2f}s controller time over {self.ticks} ticks, "
+                f"{self.cpu_s / max(1, changed) * 1e6:.0f} us CPU per replica{tail}")
+
+    def as_dict(self, name: str, changed: int) -> dict:
+        ok = self.converged
+        return {f"{name}_s": self.controller_s if ok else None, f"{name}_ticks": self.ticks,
+                f"{name}_cpu_us_per_replica": self.cpu_s / max(1, changed) * 1e6 if ok else None}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a phase that has not converged is given up on (and reported as such): on this
+    2-core machine Serve's replacement of 32K replicas alone would take many minutes."""
+
+    max_ticks: int = 20_000
+    budget_s: float = 120.0  # wall seconds per phase
+
+    def reached(self, ticks: int, started: float) -> bool:
+        return ticks >= self.max_ticks or time.monotonic() - started > self.budget_s
+
+
+# ---- workers: one (system, N) per process ---------------------------------------------------
+def run_worker(args: argparse.Namespace) -> None:
+    if args.worker == "fleetplane":
+        import logging
+        logging.basicConfig(level=logging.WARNING)
+        from release_tests.scale_fleet import FleetOptions, run_fleet
+        opts = FleetOptions(steady_ticks=args.steady_ticks, start_delay_s=args.start_delay_s,
+                            surge_fraction=args.surge_fraction, limits=_limits(args),
+                            profile_s=args.profile_s if args.n == args.profile_n else 0.0,
+                            profile_path=str(RESULTS / f"scale_tick_{args.n}.svg"))
+        result, samples = run_fleet(args.n, opts, log)
+    else:
+        from release_tests.scale_serve import run_serve
+        result, samples = run_serve(args.n, args.steady_ticks, args.start_delay_s,
+                                    _limits(args), log)
+    Path(args.out).write_text(json.dumps({"result": result, "samples": samples}))
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(args.max_ticks, args.phase_budget_s)
+
+
+def _spawn(system: str, n: int, args: argparse.Namespace) -> tuple[dict | None, list]:
+    """Run one worker; (None, []) when it failed (its stderr is already on ours)."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [sys.executable, "-m", "release_tests.scale", "--worker", system, "--n", str(n),
+           "--out", out, "--steady-ticks", str(args.steady_ticks),
+           "--start-delay-s", str(args.start_delay_s), "--surge-fraction",
+           str(args.surge_fraction), "--max-ticks", str(args.max_ticks),
+           "--phase-budget-s", str(args.phase_budget_s),
+           "--profile-n", str(args.profile_n), "--profile-s", str(args.profile_s)]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent,
+                              timeout=args.worker_timeout_s)
+        if proc.returncode != 0:
+            log(f"[{system} {n}] worker failed (exit {proc.returncode})")
+            return None, []
+        data = json.loads(Path(out).read_text())
+    except subprocess.TimeoutExpired:
+        log(f"[{system} {n}] worker ran past {args.worker_timeout_s}s; skipped")
+        return None, []
+    finally:
+        os.unlink(out)
+    log(f"[{system} {n}] done in {time.monotonic() - started:.0f}s")
+    return data["result"], data["samples"]
+
+
+# ---- through Ray: release_tests.health_push per N ----------------------------------------
+def through_ray(sizes: list[int], args: argparse.Namespace) -> dict[int, dict]:
+    """Shard CPU per health update and freshness misses through a real shard actor
+    (``health_push.run_mode``, push mode), per N."""
+    import ray
+
+    from controlplane.instance import start_local_ray
+    from release_tests.health_push import run_mode
+    start_local_ray()
+    measured = {}
+    try:
+        for n in sizes:
+            hp_args = argparse.Namespace(
+                replicas=n, duration_s=args.ray_duration_s, period_s=10.0, timeout_s=30.0,
+                report_interval_s=10.0, warmup_periods=3.0, per_host=2048)
+            measured[n], _rows = run_mode("push", hp_args)
+            log(f"[ray {n}] {measured[n]['controller_cpu_us_per_update']:.1f} us shard CPU "
+                f"per update, miss rate {measured[n]['miss_rate']:.4%}")
+    finally:
+        ray.shutdown()
+    return measured
+
+
+# ---- report --------------------------------------------------------------------------------
+COLUMNS = [  # (header, key, format); a system without the key shows "-"
+    ("tick p50 ms", "tick_p50_ms", "{:.3f}"), ("tick p99 ms", "tick_p99_ms", "{:.3f}"),
+    ("tick CPU p50 ms", "tick_cpu_p50_ms", "{:.3f}"),
+    ("own tick CPU p50 ms", "own_tick_cpu_p50_ms", "{:.3f}"),
+    ("push us (CPU)", "push_us", "{:.2f}"), ("pushes/tick", "pushes_per_tick", "{:.0f}"),
+    ("rollout tick p50 ms", "rollout_tick_ms", "{:.1f}"),
+    ("rollout tick CPU p50 ms", "rollout_tick_cpu_ms", "{:.1f}"),
+    ("scale-up s", "scaleup_s", "{:.2f}"), ("ticks", "scaleup_ticks", "{}"),
+    ("CPU us/start", "scaleup_cpu_us_per_replica", "{:.0f}"),
+    ("replace-all s", "replace_s", "{:.2f}"), ("ticks", "replace_ticks", "{}"),
+    ("scale-down s", "scaledown_s", "{:.2f}"), ("RSS MB", "shard_rss_mb", "{:.0f}"),
+    ("status() ms", "status_ms", "{:.0f}"),
+    ("shard CPU us/update", "shard_cpu_us_per_update", "{:.1f}"),
+    ("miss rate", "miss_rate", "{:.4%}"),
+]
+
+
+def table(results: dict[str, dict[int, dict]]) -> str:
+    lines = ["| N | system | " + " | ".join(h for h, _, _ in COLUMNS) + " |",
+             "|---|---|" + "---|" * len(COLUMNS)]
+    sizes = sorted({n for by_n in results.values() for n in by_n})
+    for n in sizes:
+        for system, by_n in results.items():
+            r = by_n.get(n)
+            if r is None:
+                continue
+            cells = [fmt.format(r[key]) if r.get(key) is not None else "-"
+                     for _, key, fmt in COLUMNS]
+            lines.append(f"| {n} | {system} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def growth(by_n: dict[int, dict]) -> str:
+    """Tick p50 at 16K over 1K (else largest over smallest N measured)."""
+    have = sorted(n for n, r in by_n.items() if r.get("tick_p50_ms"))
+    if len(have) < 2:
+        return "n/a"
+    lo, hi = (1000, 16000) if {1000, 16000} <= set(have) else (have[0], have[-1])
+    return f"{by_n[hi]['tick_p50_ms'] / by_n[lo]['tick_p50_ms']:.1f}x ({hi}/{lo})"
+
+
+def write_parquet(results: dict, samples: list[tuple]) -> list[Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = int(time.time())
+    keys = sorted({k for by_n in results.values() for r in by_n.values() for k in r})
+    rows = [{"system": s, "replicas": n,
+             **{k: (json.dumps(r[k]) if isinstance(r.get(k), (list, dict)) else r.get(k))
+                for k in keys}}
+            for s, by_n in results.items() for n, r in by_n.items()]
+    summary, ticks = RESULTS / f"scale_{stamp}.parquet", RESULTS / f"scale_ticks_{stamp}.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), summary)
+    pq.write_table(pa.table({name: [row[i] for row in samples] for i, name in enumerate(
+        ("system", "replicas", "phase", "tick", "tick_ms", "tick_cpu_ms"))}), ticks)
+    return [summary, ticks]
+
+
+def busy_note() -> str:
+    """Other CPU users that make the numbers noisy (a CI run shares these 2 cores)."""
+    import psutil
+    others = [p.pid for p in psutil.process_iter(["cmdline"])
+              if p.pid != os.getpid() and "pytest" in " ".join(p.info["cmdline"] or [])]
+    load = os.getloadavg()[0]
+    if others:
+        return f"NOISY: a pytest run shares the CPUs (pids {others}), load average {load:.1f}"
+    return f"load average {load:.1f} at the start"
+
+
+def print_profile(n: int, profile: dict) -> None:
+    if not profile:
+        return
+    where = profile["samples"]
+    total = sum(where.values()) or 1
+    print(f"py-spy, {n} replicas, steady ticks with pushes: "
+          + ", ".join(f"{part} {count / total:.0%}" for part, count in where.items())
+          + " of samples; the shard's top functions by self time:")
+    for name, share in profile["top"]:
+        print(f"  {share:6.1%}  {name}")
+
+
+def last_line(results: dict[str, dict[int, dict]]) -> dict:
+    def pick(r: dict, keys: tuple) -> dict:
+        return {k: (round(r[k], 4) if isinstance(r.get(k), float) else r.get(k)) for k in keys}
+    return {"fleetplane": {str(n): pick(r, FLEET_KEYS + CPU_KEYS)
+                           for n, r in results["fleetplane"].items()},
+            "serve": {str(n): pick(r, SERVE_KEYS + CPU_KEYS) for n, r in results["serve"].items()}}
+
+
+# ---- main ----------------------------------------------------------------------------------
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", default=None,
+                   help=f"comma-separated N (default {FULL_SIZES}; --quick: {QUICK_SIZES})")
+    p.add_argument("--quick", action="store_true", help="small N and fewer steady ticks")
+    p.add_argument("--steady-ticks", type=int, default=None,
+                   help="steady ticks / updates measured (default 300; --quick 100)")
+    p.add_argument("--start-delay-s", type=float, default=0.0,
+                   help="fake time from a replica's start to ready (default: at once)")
+    p.add_argument("--surge-fraction", type=float, default=0.1,
+                   help="fleetplane's rolling_surge_fraction during the replacement")
+    p.add_argument("--max-ticks", type=int, default=20_000,
+                   help="a phase not converged after this many ticks is reported as such")
+    p.add_argument("--phase-budget-s", type=float, default=120.0,
+                   help="... or after this many wall seconds")
+    p.add_argument("--no-serve", action="store_true", help="fleetplane only")
+    p.add_argument("--profile-n", type=int, default=16000, help="N whose steady tick is profiled")
+    p.add_argument("--profile-s", type=float, default=10.0, help="py-spy duration (0: none)")
+    p.add_argument("--ray", action="store_true",
+                   help="also run release_tests.health_push (push mode) at each N")
+    p.add_argument("--ray-duration-s", type=float, default=60.0)
+    p.add_argument("--worker-timeout-s", type=float, default=1800.0)
+    p.add_argument("--worker", choices=("fleetplane", "serve"), help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.replicas is None:
+        args.replicas = QUICK_SIZES if args.quick else FULL_SIZES
+    if args.steady_ticks is None:
+        args.steady_ticks = 100 if args.quick else 300
+    return args
+
+
+def measure(sizes: list[int], args: argparse.Namespace) -> tuple[dict, list]:
+    results: dict[str, dict[int, dict]] = {"fleetplane": {}, "serve": {}}
+    samples: list[tuple] = []
+    for n in sizes:
+        for system in ("fleetplane",) if args.no_serve else ("fleetplane", "serve"):
+            result, rows = _spawn(system, n, args)
+            if result is not None:
+                results[system][n] = result
+                samples += [(system, n, *row) for row in rows]
+    ray_measured = through_ray(sizes, args) if args.ray else {}
+    for n, r in results["fleetplane"].items():
+        m = ray_measured.get(n)
+        r["shard_cpu_us_per_update"] = m["controller_cpu_us_per_update"] if m else None
+        r["miss_rate"] = m["miss_rate"] if m else None
+    return results, samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.worker:
+        run_worker(args)
+        return 0
+    from release_tests.machine import describe, describe_line
+    sizes = [int(s) for s in args.replicas.split(",")]
+    print(f"machine: {describe_line()}")
+    print(f"conditions: {busy_note()}")
+    print(f"config: steady {args.steady_ticks} ticks of 0.1 s (fake clock), health period "
+          f"10 s, autoscaled deployment N/16 reporting every 1 s, rolling surge "
+          f"{args.surge_fraction:.0%}, replica start delay {args.start_delay_s}s")
+    started = time.monotonic()
+    results, samples = measure(sizes, args)
+    print(table(results))
+    print(f"tick p50 growth: fleetplane {growth(results['fleetplane'])}, "
+          f"Ray Serve {growth(results['serve'])}")
+    for n, r in results["fleetplane"].items():
+        print_profile(n, r.get("profile") or {})
+    for path in write_parquet(results, samples):
+        print(f"records: {path}")
+    print(f"wall: {time.monotonic() - started:.0f}s; machine: {json.dumps(describe())}")
+    print(json.dumps(last_line(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,427 @@
+"""fleetplane's side of ``release_tests.scale``: a real ``ShardCore`` at N replicas, in one
+process, on virtual time.
+
+What is real: ``ShardCore`` and everything its tick and ingest call (``DeploymentState``,
+``ReplicaOps`` and their owned tasks, push health, the stall guard, autoscaling, ranks,
+routing publication). What is fake: the replica actors (``InstantReplicaClient``: a
+start succeeds at once, or after ``start_delay_s`` of virtual time; a stop ends at once;
+probes succeed), the clock (a ``FakeClock`` that moves ``TICK_S`` per tick, only when
+the harness says) and the event loop (``tests.unit.virtual_time.VirtualTimeLoop``, so a
+timer costs no wall time). The shard's own reconcile loop is parked, as in the unit
+tests' shard harness; the harness ticks it.
+
+Pushes (``PushSchedule``): every serving replica of the main deployment sends one
+healthy ``MetricReport`` carrying ``PushedHealth`` per health period (10 s), spread
+evenly over the ticks; the autoscaled deployment's replicas report their load (2 ongoing
+requests, its target) every ``metrics_report_interval_s`` (1 s), health riding along.
+
+Timing: ``perf_counter`` and ``process_time`` around each controller call only: the
+tick, the ingest of one tick's pushes (``ShardCore.report_metrics``), and the owned
+tasks running until all are blocked. The harness's own work (making reports, reading
+which replicas serve) is outside every timed section.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from controlplane.clock import FakeClock
+from controlplane.lifecycle import ReplicaState
+from controlplane.replica_client import ReplicaDied
+from controlplane.settings import Settings, ShardSettings
+from controlplane.shard import ShardCore
+from controlplane.specs import DeploymentId, DeploymentSpec
+from controlplane.wire import MetricReport, PushedHealth, ReplicaDescription
+from release_tests.scale import Limits, PhaseResult, percentile
+from tests.unit.virtual_time import loop_clock, run_virtual, wait_all_tasks_blocked
+
+TICK_S = 0.1  # ShardSettings.tick_interval_s default: the shard's reconcile period
+PERIOD_S = 10.0  # health_check_period_s: one push per replica per period
+REPORT_S = 1.0  # ReplicaSettings.metrics_report_interval_s: the autoscaled replicas' reports
+PARKED_S = 1e9  # the shard's own loop ticks once, then waits past the run
+MAIN = DeploymentId("bench", "main")
+AUTO = DeploymentId("bench", "auto")
+# A window with no pushes must end before the first replica's push goes stale
+# (1.5 periods after it arrived), or probes would start and blur "the tick's own work".
+NO_PUSH_TICKS_MAX = int(1.4 * PERIOD_S / TICK_S)
+
+
+@dataclass
+class _Handle:
+    replica_id: str
+    watch: asyncio.Future | None = None
+    stopped: bool = False
+
+
+class InstantReplicaClient:
+    """The ``ReplicaClient`` protocol with nothing behind it (no call log, unlike the unit
+    tests' ``FakeReplicaClient``: at 32K a log would be the harness's cost, not the shard's)."""
+
+    def __init__(self, start_delay_s: float = 0.0) -> None:
+        self._delay_s = start_delay_s
+        self.probes = 0
+
+    def create(self, init: Any, spec: DeploymentSpec) -> _Handle:
+        return _Handle(init.replica_id)
+
+    def find(self, app: str, deployment: str) -> dict:
+        return {}  # nothing to re-adopt
+
+    def start_phase(self, handle: _Handle) -> str:
+        return ""
+
+    async def describe(self, handle: _Handle, timeout_s: float) -> ReplicaDescription:
+        raise ReplicaDied("nothing to re-adopt here")
+
+    async def initialize(self, handle: _Handle, timeout_s: float) -> dict:
+        if self._delay_s:
+            await asyncio.sleep(self._delay_s)
+        return {"actor_id": f"actor-{handle.replica_id}", "node_id": "node-a"}
+
+    async def check_health(self, handle: _Handle, timeout_s: float) -> None:
+        self.probes += 1
+
+    async def update_health_timings(self, handle: _Handle, period_s: float,
+                                    timeout_s: float) -> None:
+        pass
+
+    async def wait_until_stopped(self, handle: _Handle) -> None:
+        if not handle.stopped:
+            handle.watch = asyncio.get_running_loop().create_future()
+            await handle.watch
+
+    async def reconfigure(self, handle: _Handle, user_config: Any, timeout_s: float) -> None:
+        pass
+
+    async def update_rank(self, handle: _Handle, rank: int) -> None:
+        pass
+
+    async def stop(self, handle: _Handle, grace_s: float, extra_s: float) -> None:
+        self.kill(handle)
+
+    def kill(self, handle: _Handle) -> None:
+        handle.stopped = True
+        if handle.watch is not None and not handle.watch.done():
+            handle.watch.set_result(None)
+
+
+def make_spec(dep_id: DeploymentId, n: int, code_version: str = "v1",
+              autoscaling: dict | None = None) -> DeploymentSpec:
+    return DeploymentSpec(
+        id=dep_id, ingress=dep_id == MAIN, code_version=code_version, serialized_def=b"",
+        num_replicas=n, max_ongoing_requests=5, max_queued_requests=-1, user_config=None,
+        autoscaling_config=autoscaling, health_check_period_s=PERIOD_S,
+        health_check_timeout_s=30.0, graceful_shutdown_timeout_s=20.0,
+        backpressure_config={"status_code": 503, "retry_after_s": None},
+        ray_actor_options={"num_cpus": 1})
+
+
+def autoscaled_spec(m: int) -> DeploymentSpec:
+    """Reported load (2 per replica, the target) keeps it at ``m`` within [m, 2m]."""
+    return make_spec(AUTO, m, autoscaling={
+        "min_replicas": m, "max_replicas": 2 * m, "initial_replicas": m,
+        "target_ongoing_requests": 2.0, "upscale_delay_s": 30.0,
+        "downscale_delay_s": 600.0, "look_back_period_s": 30.0})
+
+
+class PushSchedule:
+    """Each serving replica of one deployment reports once per ``every_s``, spread evenly
+    over the ticks: a tick sends the next slice of the replica list, round robin. The list
+    is re-read when the deployment's membership fingerprint changes."""
+
+    def __init__(self, dep_id: DeploymentId, every_s: float, load: int) -> None:
+        self.key = (dep_id.app, dep_id.name)
+        self._per_tick = TICK_S / every_s
+        self._load = load
+        self._ids: list[str] = []
+        self._fingerprint: int | None = None
+        self._cursor = 0
+        self._owed = 0.0
+
+    def refresh(self, replicas: Any) -> None:
+        if replicas.fingerprint != self._fingerprint:
+            self._ids = sorted(replicas.running_ids())
+            self._fingerprint = replicas.fingerprint
+
+    def _report(self, replica_id: str, now: float) -> MetricReport:
+        return MetricReport(replica_id, self._load, 0, PushedHealth(True, now, 0))
+
+    def due(self, now: float) -> list[MetricReport]:
+        self._owed += len(self._ids) * self._per_tick
+        count, ids = int(self._owed), self._ids
+        self._owed -= count
+        start, self._cursor = self._cursor, self._cursor + count
+        return [self._report(ids[i % len(ids)], now) for i in range(start, start + count)]
+
+    def everyone(self, now: float) -> list[MetricReport]:
+        return [self._report(replica_id, now) for replica_id in self._ids]
+
+
+@dataclass
+class Step:
+    """One tick period, timed: wall seconds unless named ``cpu``."""
+
+    tick_s: float
+    tick_cpu_s: float
+    tasks_s: float
+    ingest_s: float
+    ingest_cpu_s: float
+    pushes: int
+    cpu_s: float
+
+    @property
+    def controller_s(self) -> float:
+        return self.tick_s + self.tasks_s + self.ingest_s
+
+
+class FleetBench:
+    """A ``ShardCore`` on fakes, stepped one tick at a time (inside ``run_virtual``)."""
+
+    def __init__(self, surge_fraction: float, start_delay_s: float) -> None:
+        self.clock = loop_clock()
+        shard = ShardSettings(tick_interval_s=PARKED_S, rolling_surge_fraction=surge_fraction)
+        self.client = InstantReplicaClient(start_delay_s)
+        self.core = ShardCore(0, Settings(shard=shard), self.client, self.clock)
+        self.schedules = {MAIN: PushSchedule(MAIN, PERIOD_S, load=0),
+                          AUTO: PushSchedule(AUTO, REPORT_S, load=2)}
+        self.samples: list[tuple] = []  # (phase, tick, tick ms, tick CPU ms)
+
+    def replicas(self, dep_id: DeploymentId) -> Any:
+        """The deployment's ``ReplicaSet`` (O(1) counts); ShardCore has no summary of its own
+        short of ``status()``, which lists every replica."""
+        state = self.core.deployment(dep_id)
+        return state.replicas if state is not None else None
+
+    def settled(self, dep_id: DeploymentId, n: int, version: str | None = None) -> bool:
+        r = self.replicas(dep_id)
+        return (r is not None and r.count(ReplicaState.RUNNING) == n and len(r) == n
+                and (version is None or r.count_version(version) == n))
+
+    def reports(self, everyone: bool = False) -> list[tuple[tuple[str, str], list]]:
+        """This tick's reports per deployment (harness work: not timed)."""
+        now, batches = self.clock.monotonic(), []
+        for dep_id, schedule in self.schedules.items():
+            replicas = self.replicas(dep_id)
+            if replicas is not None:
+                schedule.refresh(replicas)
+                batches.append((schedule.key,
+                                schedule.everyone(now) if everyone else schedule.due(now)))
+        return batches
+
+    def ingest(self, batches: list) -> tuple[float, float, int]:
+        """Deliver reports through ``ShardCore.report_metrics``: (wall s, CPU s, count)."""
+        c0, t0 = time.process_time(), time.perf_counter()
+        for key, reports in batches:
+            for report in reports:
+                self.core.report_metrics(key, report)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return wall, cpu, sum(len(reports) for _, reports in batches)
+
+    async def step(self, phase: str, i: int, pushing: bool = True) -> Step:
+        """One shard period: this tick's pushes arrive, the shard ticks, its owned tasks
+        run until all are blocked, and the clock moves one tick interval."""
+        ingest_s, ingest_cpu, pushes = self.ingest(self.reports()) if pushing else (0, 0, 0)
+        c0, t0 = time.process_time(), time.perf_counter()
+        self.core.tick()
+        t1, c1 = time.perf_counter(), time.process_time()
+        await wait_all_tasks_blocked()
+        t2, c2 = time.perf_counter(), time.process_time()
+        self.clock.advance(TICK_S)
+        self.samples.append((phase, i, (t1 - t0) * 1e3, (c1 - c0) * 1e3))
+        return Step(t1 - t0, c1 - c0, t2 - t1, ingest_s, ingest_cpu, pushes, c2 - c0 + ingest_cpu)
+
+    async def run_ticks(self, phase: str, ticks: int, pushing: bool = True) -> list[Step]:
+        return [await self.step(phase, i, pushing) for i in range(ticks)]
+
+    async def converge(self, phase: str, done: Callable[[], bool], limits: Limits,
+                       pushing: bool = True) -> PhaseResult:
+        """Tick until ``done()``: the controller's time (tick + tasks + ingest) and CPU."""
+        wall = cpu = 0.0
+        started, ticks = time.monotonic(), 0
+        while not limits.reached(ticks, started):
+            s = await self.step(phase, ticks, pushing)
+            wall, cpu, ticks = wall + s.controller_s, cpu + s.cpu_s, ticks + 1
+            if done():
+                return PhaseResult(wall, cpu, ticks, True)
+        return PhaseResult(wall, cpu, ticks, False)
+
+    async def burst(self) -> None:
+        """Every serving replica pushes now, consumed by one untimed tick: nothing is
+        stale for the next 1.5 periods whatever the schedule did before."""
+        self.ingest(self.reports(everyone=True))
+        await self.step("burst", 0, pushing=False)
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    steady_ticks: int
+    start_delay_s: float = 0.0
+    surge_fraction: float = 0.1  # "a 10% rolling update"
+    limits: Limits = Limits()
+    profile_s: float = 0.0  # > 0: py-spy the steady tick for this long
+    profile_path: str = ""
+
+
+async def _steady(bench: FleetBench, n: int, opts: FleetOptions, log: Callable) -> dict:
+    """Steady state with pushes flowing and an autoscaled deployment, then the tick's own
+    work with no pushes."""
+    m = max(1, n // 16)
+    bench.core.apply([autoscaled_spec(m)], [])
+    await bench.converge("auto_up", lambda: bench.settled(AUTO, m), opts.limits)
+    await bench.run_ticks("warmup", int(1.5 * PERIOD_S / TICK_S))  # every replica pushed
+    probes0, stalls0 = bench.client.probes, bench.core.health_totals.stall_episodes_total
+    pushed = await bench.run_ticks("steady", opts.steady_ticks)
+    probes = bench.client.probes - probes0
+    stalls = bench.core.health_totals.stall_episodes_total - stalls0
+    await bench.burst()
+    quiet = await bench.run_ticks("own", min(opts.steady_ticks, NO_PUSH_TICKS_MAX), False)
+    await bench.burst()
+    tick_ms, tick_cpu_ms = [s.tick_s * 1e3 for s in pushed], [s.tick_cpu_s * 1e3 for s in pushed]
+    own_ms, own_cpu_ms = [s.tick_s * 1e3 for s in quiet], [s.tick_cpu_s * 1e3 for s in quiet]
+    pushes = sum(s.pushes for s in pushed)
+    # CPU of the ingest, plus what the ticks with pushes cost beyond the tick's own work:
+    # CPU rather than wall, so another process on the cores does not inflate it
+    ingest_cpu_s = sum(s.ingest_cpu_s for s in pushed)
+    attributable_s = (ingest_cpu_s + sum(s.tick_cpu_s for s in pushed)
+                      - len(pushed) * _mean(own_cpu_ms) / 1e3)
+    log(f"[fleetplane {n}] steady tick p50 {percentile(tick_ms, 50):.3f} ms with "
+        f"{pushes / len(pushed):.0f} pushes/tick; own work p50 {percentile(own_ms, 50):.3f} ms")
+    return {"tick_p50_ms": percentile(tick_ms, 50), "tick_p99_ms": percentile(tick_ms, 99),
+            "tick_cpu_p50_ms": percentile(tick_cpu_ms, 50),
+            "tick_cpu_p99_ms": percentile(tick_cpu_ms, 99),
+            "own_tick_p50_ms": percentile(own_ms, 50), "own_tick_p99_ms": percentile(own_ms, 99),
+            "own_tick_cpu_p50_ms": percentile(own_cpu_ms, 50),
+            "push_us": attributable_s / max(1, pushes) * 1e6,
+            "ingest_us_per_push": ingest_cpu_s / max(1, pushes) * 1e6,
+            "pushes_per_tick": pushes / len(pushed), "steady_probes": probes,
+            "steady_stall_episodes": stalls,
+            "auto_replicas": bench.replicas(AUTO).count(ReplicaState.RUNNING)}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+async def _profile(bench: FleetBench, opts: FleetOptions, log: Callable) -> dict:
+    """py-spy on this process while steady ticks (pushes flowing) run: a flame graph at
+    ``opts.profile_path`` and ``profile_summary`` of a second, raw recording (both
+    non-blocking, so neither pauses the shard). {} when py-spy cannot attach."""
+    raw_path = opts.profile_path.rsplit(".", 1)[0] + ".txt"
+    py_spy = shutil.which("py-spy", path=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    if py_spy is None:
+        log("py-spy is not installed (pip install -e '.[dev]'); continuing without a profile")
+        return {}
+    Path(opts.profile_path).parent.mkdir(parents=True, exist_ok=True)
+    procs = [subprocess.Popen(
+        [py_spy, "record", "--pid", str(os.getpid()), "--duration", str(int(opts.profile_s)),
+         "--nonblocking", "--format", fmt, "-o", path],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for fmt, path in (("flamegraph", opts.profile_path), ("raw", raw_path))]
+    deadline, i = time.monotonic() + opts.profile_s + 60, 0
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        await bench.step("profile", i)
+        i += 1
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.communicate()[0].strip().splitlines()
+        if proc.returncode != 0:
+            log(f"py-spy failed (exit {proc.returncode}): {' / '.join(output[-3:])} "
+                "(in a container py-spy needs CAP_SYS_PTRACE); continuing without a profile")
+            return {}
+    log(f"[profile] {i} ticks under py-spy; flame graph {opts.profile_path}")
+    return profile_summary(raw_path)
+
+
+_SHARD_ENTRIES = {"tick": "ShardCore.tick ", "ingest": "ShardCore.report_metrics "}
+
+
+def _function(frame: str) -> str:
+    """py-spy's "func (file:line)" without the line: one row per function."""
+    return re.sub(r":\d+\)$", ")", frame)
+
+
+def _leaf(frames: list[str]) -> str:
+    """The sampled function; a dataclass's generated ``__init__`` is named with its caller."""
+    leaf = _function(frames[-1])
+    if leaf.startswith("__create_fn__") and len(frames) > 1:
+        return f"{_function(frames[-2])} > {leaf.split(' ')[0]}"
+    return leaf
+
+
+def profile_summary(raw_path: str, top: int = 15) -> dict:
+    """From py-spy's raw (collapsed) stacks: where the samples were (the shard's tick, its
+    ingest, or the harness making reports), and the shard's top functions by self time
+    as shares of the shard's samples."""
+    where = {"tick": 0, "ingest": 0, "harness": 0}
+    counts: dict[str, int] = {}
+    with open(raw_path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            frames = stack.split(";")
+            part = next((name for name, entry in _SHARD_ENTRIES.items()
+                         if any(fr.startswith(entry) for fr in frames)), "harness")
+            where[part] += int(count)
+            if part != "harness":
+                counts[_leaf(frames)] = counts.get(_leaf(frames), 0) + int(count)
+    shard = sum(counts.values()) or 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return {"samples": where, "top": [(name, n / shard) for name, n in ranked]}
+
+
+def _rss_mb() -> float:
+    gc.collect()
+    return psutil.Process().memory_info().rss / 2**20
+
+
+async def _run(n: int, opts: FleetOptions, log: Callable) -> tuple[dict, list]:
+    rss0 = _rss_mb()
+    bench = FleetBench(opts.surge_fraction, opts.start_delay_s)
+    bench.core.apply([make_spec(MAIN, n)], [])
+    up = await bench.converge("scaleup", lambda: bench.settled(MAIN, n), opts.limits,
+                              pushing=False)
+    log(f"[fleetplane {n}] scale-up {up.text(n)}")
+    result = {**up.as_dict("scaleup", n), **await _steady(bench, n, opts, log)}
+    result["shard_rss_mb"] = _rss_mb() - rss0
+    t0 = time.perf_counter()
+    bench.core.status()
+    result["status_ms"] = (time.perf_counter() - t0) * 1e3
+    result["profile"] = await _profile(bench, opts, log) if opts.profile_s > 0 else {}
+    await bench.burst()
+    bench.core.apply([make_spec(MAIN, n, "v2")], [])
+    roll = await bench.converge("rollout", lambda: bench.settled(MAIN, n, "v2"), opts.limits)
+    result.update(roll.as_dict("replace", n))
+    rollout = [(ms, cpu_ms) for p, _, ms, cpu_ms in bench.samples if p == "rollout"]
+    result["rollout_tick_ms"] = percentile([ms for ms, _ in rollout], 50)
+    result["rollout_tick_cpu_ms"] = percentile([cpu_ms for _, cpu_ms in rollout], 50)
+    log(f"[fleetplane {n}] rolling replacement {roll.text(n)}, tick p50 "
+        f"{result['rollout_tick_ms']:.1f} ms")
+    small = max(1, n // 32)
+    bench.core.apply([make_spec(MAIN, small, "v2")], [])
+    down = await bench.converge("scaledown", lambda: bench.settled(MAIN, small, "v2"),
+                                opts.limits)
+    log(f"[fleetplane {n}] scale-down {down.text(n - small)}")
+    result.update(down.as_dict("scaledown", n - small))
+    result["tick_errors"] = bench.core.health_totals.tick_errors_total
+    return result, bench.samples
+
+
+def run_fleet(n: int, opts: FleetOptions, log: Callable) -> tuple[dict, list]:
+    """Scale-up 0 -> n, steady state (pushes, an autoscaled deployment), the tick's own work,
+    a 10% rolling replacement of all n, scale-down to n/32: one result dict and the
+    per-tick samples."""
+    return run_virtual(FakeClock(), lambda: _run(n, opts, log))
