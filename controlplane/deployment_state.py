@@ -338,7 +338,12 @@ class DeploymentState:
 
     def _autoscale(self, now: float) -> None:
         self._next_autoscale_at = now + 1.0
-        load = self._metrics.average_load(now, self.replicas.running_ids())
+        if not self._metrics.membership_known:
+            # A new window (first policy, new look-back): who counts, once, in O(N); from
+            # then on ``transition`` tells it, and a query is O(1). Re-adoption adds RUNNING
+            # replicas without a transition, but it is over before a tick autoscales.
+            self._metrics.include_only(self.replicas.running_ids())
+        load = self._metrics.average_load(now)
         decision = decide(self._policy, self.target_replicas, load, self._scaling, now)
         self._scaling = decision.state
         if decision.target_replicas != self.target_replicas:
@@ -375,6 +380,11 @@ class DeploymentState:
         if changes and record.state not in (ReplicaState.FAILED, ReplicaState.STOPPED):
             record = record.with_state(record.state, **changes)
             self.replicas.replace(record)
+        if self._policy is not None:  # autoscaling counts serving replicas' load only
+            if record.state in SERVING_STATES:
+                self._metrics.include(replica_id)
+            else:
+                self._metrics.exclude(replica_id)
         if record.state not in SERVING_STATES:
             self.health.forget(replica_id)
             self.failing.discard(replica_id)

@@ -47,83 +47,93 @@ def test_report_rejects_negative_counts():
 
 
 # --- MetricWindow -------------------------------------------------------------------
+# (its O(reports) bookkeeping, checked against a recount: test_metric_window.py)
+
+
+def window(look_back_period_s: float, *counted: str, **kwargs: int) -> MetricWindow:
+    w = MetricWindow(look_back_period_s=look_back_period_s, **kwargs)
+    w.include_only(counted)
+    return w
 
 
 def test_average_load_is_mean_per_replica_summed_over_replicas():
-    w = MetricWindow(look_back_period_s=30.0)
+    w = window(30.0, "a", "b")
     w.record(report("a", 1, 1), received_at=T0)  # load 2
     w.record(report("a", 4, 0), received_at=T0 + 10)  # load 4 -> mean 3
     w.record(report("b", 0, 5), received_at=T0 + 5)  # load 5
-    assert w.average_load(T0 + 10, ["a", "b"]) == 8.0
+    assert w.average_load(T0 + 10) == 8.0
 
 
 def test_average_load_only_counts_samples_within_look_back():
-    w = MetricWindow(look_back_period_s=30.0)
+    w = window(30.0, "a")
     w.record(report("a", 100), received_at=T0)
     w.record(report("a", 2), received_at=T0 + 20)
-    assert w.average_load(T0 + 30, ["a"]) == 51.0  # T0 is exactly on the window's edge
-    assert w.average_load(T0 + 30.001, ["a"]) == 2.0  # T0 has just left it
-    assert w.average_load(T0 + 10, ["a"]) == 100.0  # a sample after `now` is not counted
+    assert w.average_load(T0 + 10) == 100.0  # a sample after `now` is not counted
+    assert w.average_load(T0 + 30) == 51.0  # T0 is exactly on the window's edge
+    assert w.average_load(T0 + 30.001) == 2.0  # T0 has just left it
 
 
 def test_average_load_none_without_data_in_window():
-    w = MetricWindow(look_back_period_s=30.0)
-    assert w.average_load(T0, ["a"]) is None
+    w = window(30.0, "a")
+    assert w.average_load(T0) is None
     w.record(report("a", 3), received_at=T0)
-    assert w.average_load(T0 + 31, ["a"]) is None
-    assert w.average_load(T0, []) is None
+    assert w.average_load(T0 + 31) is None
+    assert window(30.0).average_load(T0) is None
 
 
 def test_zero_load_is_data_not_none():
-    w = MetricWindow(look_back_period_s=30.0)
+    w = window(30.0, "a")
     w.record(report("a", 0), received_at=T0)
-    assert w.average_load(T0, ["a"]) == 0.0
+    assert w.average_load(T0) == 0.0
 
 
-def test_replicas_not_asked_for_are_ignored():
-    w = MetricWindow(look_back_period_s=30.0)
+def test_replicas_not_included_are_ignored():
+    w = window(30.0, "a", "never-reported")
     w.record(report("a", 3), received_at=T0)
     w.record(report("stale", 50), received_at=T0)
-    assert w.average_load(T0, ["a", "never-reported"]) == 3.0
-    assert w.average_load(T0, ["never-reported"]) is None
+    assert w.average_load(T0) == 3.0
+    w = window(30.0, "never-reported")
+    w.record(report("stale", 50), received_at=T0)
+    assert w.average_load(T0) is None
 
 
 def test_record_prunes_samples_older_than_look_back():
-    w = MetricWindow(look_back_period_s=10.0)
+    w = window(10.0, "a")
     w.record(report("a", 100), received_at=T0)
     w.record(report("a", 2), received_at=T0 + 11)  # prunes T0 relative to T0 + 11
     # Asking about a `now` that would still cover T0 shows it is gone, not just filtered.
-    assert w.average_load(T0 + 5, ["a"]) is None
-    assert w.average_load(T0 + 11, ["a"]) == 2.0
+    assert w.average_load(T0 + 5) is None
+    assert w.average_load(T0 + 11) == 2.0
 
 
 def test_record_caps_samples_per_replica():
-    w = MetricWindow(look_back_period_s=1000.0, max_samples_per_replica=3)
+    w = window(1000.0, "a", max_samples_per_replica=3)
     for i, load in enumerate([100, 1, 2, 3]):
         w.record(report("a", load), received_at=T0 + i)
-    assert w.average_load(T0 + 3, ["a"]) == 2.0  # the 100 was dropped by the cap
+    assert w.average_load(T0 + 3) == 2.0  # the 100 was dropped by the cap
 
 
 def test_default_cap_is_64():
-    w = MetricWindow(look_back_period_s=1000.0)
+    w = window(1000.0, "a")
     w.record(report("a", 6500), received_at=T0)
     for i in range(1, 65):
         w.record(report("a", 1), received_at=T0 + i)
-    assert w.average_load(T0 + 64, ["a"]) == 1.0
+    assert w.average_load(T0 + 64) == 1.0
 
 
 def test_forget_drops_a_replicas_samples():
-    w = MetricWindow(look_back_period_s=30.0)
+    w = window(30.0, "a")
     w.record(report("a", 1), received_at=T0)
     w.record(report("a", 2), received_at=T0 + 1)
-    assert w.average_load(T0 + 1, ["a"]) == 1.5
+    assert w.average_load(T0 + 1) == 1.5
     w.forget("a")
     w.forget("never-seen")
-    assert w.average_load(T0 + 1, ["a"]) is None
+    w.include("a")  # counted again, but its samples are gone
+    assert w.average_load(T0 + 1) is None
 
 
 def test_received_at_going_backwards_is_rejected():
-    w = MetricWindow(look_back_period_s=30.0)
+    w = window(30.0, "a")
     w.record(report("a", 1), received_at=T0)
     with pytest.raises(ValueError, match="backwards"):
         w.record(report("a", 1), received_at=T0 - 1)
