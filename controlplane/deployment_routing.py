@@ -2,7 +2,7 @@
 each holds) and its limits, published only when they changed.
 
 Owned by ``DeploymentState``; the shard publishes ``update(...)`` each tick, which costs
-O(1) unless membership, limits or a replica's models changed (then O(replicas), once).
+O(1) unless the serving set, limits or a replica's models changed (then O(replicas), once).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ class DeploymentRouting:
 
     def update(self, spec: DeploymentSpec, replicas: ReplicaSet) -> RoutingUpdate | None:
         """What routers need, if it changed since the last call; else None, in O(1)
-        (membership is keyed on the fingerprint, limits on the spec)."""
-        key = (replicas.fingerprint, spec.max_ongoing_requests, spec.max_queued_requests,
+        (keyed on the serving set's fingerprint, so starts and stops in flight cost
+        nothing here; limits on the spec)."""
+        key = (replicas.serving_fingerprint, spec.max_ongoing_requests, spec.max_queued_requests,
                tuple(sorted(spec.backpressure_config.items())), self._models_version)
         if key == self._key:
             return None

@@ -59,6 +59,11 @@ def _membership_term(record: ReplicaRecord) -> int:
     return hash((record.replica_id, record.state.value))
 
 
+def _serving_term(record: ReplicaRecord) -> int:
+    """What routers see of a serving replica (``ReplicaInfo``'s fields but its models)."""
+    return hash((record.replica_id, record.actor_name, record.node_id, record.http_address))
+
+
 class ReplicaSet:
     """The live replicas of one deployment, bucketed by state, with O(1) counts."""
 
@@ -68,6 +73,9 @@ class ReplicaSet:
             state: {} for state in ReplicaState
         }
         self._fingerprint = 0
+        # Of the serving replicas alone: STARTING/STOPPING churn leaves it unchanged, so
+        # routing (keyed on it) is not rebuilt on a tick where only that moved (issue 13).
+        self._serving_fingerprint = 0
         self._versions: Counter[str] = Counter()  # code version -> records running it
         self._running_memo: tuple[int, frozenset[str]] | None = None  # (fingerprint, ids)
         self.memo_recomputes = 0
@@ -106,6 +114,8 @@ class ReplicaSet:
         self._buckets[record.state][record.replica_id] = record
         self._versions[record.version] += 1
         self._fingerprint = (self._fingerprint + _membership_term(record)) % _MOD
+        if record.state in SERVING_STATES:
+            self._serving_fingerprint = (self._serving_fingerprint + _serving_term(record)) % _MOD
 
     def _discard(self, record: ReplicaRecord) -> None:
         del self._records[record.replica_id]
@@ -114,6 +124,8 @@ class ReplicaSet:
         if not self._versions[record.version]:
             del self._versions[record.version]
         self._fingerprint = (self._fingerprint - _membership_term(record)) % _MOD
+        if record.state in SERVING_STATES:
+            self._serving_fingerprint = (self._serving_fingerprint - _serving_term(record)) % _MOD
 
     # -- reads ------------------------------------------------------------------------
 
@@ -143,16 +155,21 @@ class ReplicaSet:
     def fingerprint(self) -> int:
         return self._fingerprint
 
+    @property
+    def serving_fingerprint(self) -> int:
+        """Changes when the serving set, or what routers see of one of its replicas, does."""
+        return self._serving_fingerprint
+
     # -- the memo -----------------------------------------------------------------------
 
     def running_ids(self) -> frozenset[str]:
         """Ids of replicas that can take requests (RUNNING or UPDATING)."""
         memo = self._running_memo
-        if memo is not None and memo[0] == self._fingerprint:
+        if memo is not None and memo[0] == self._serving_fingerprint:
             return memo[1]
         self.memo_recomputes += 1
         ids = self.ids_in(*SERVING_STATES)
-        self._running_memo = (self._fingerprint, ids)
+        self._running_memo = (self._serving_fingerprint, ids)
         return ids
 
 

@@ -211,3 +211,35 @@ def test_a_replica_that_starts_serving_is_seen_at_once():
     assert replicas.running_ids() == {"a", "b"}
     replicas.apply("s", E.STARTED)
     assert replicas.running_ids() == {"a", "b", "s"}
+
+
+def test_serving_fingerprint_moves_with_the_serving_set_only():
+    replicas = make_set(rec("a"), rec("b"))
+    serving, full = replicas.serving_fingerprint, replicas.fingerprint
+    replicas.add(rec("c", S.STARTING))
+    replicas.add(rec("d", S.STOPPING))
+    replicas.replace(rec("a", message="slow check"))  # status only: routers see none of it
+    assert replicas.serving_fingerprint == serving and replicas.fingerprint != full
+    replicas.replace(rec("c", S.RUNNING))
+    assert replicas.serving_fingerprint != serving
+    replicas.replace(rec("c", S.RUNNING, http_address="127.0.0.1:9000"))  # what routers see
+    moved = replicas.serving_fingerprint
+    replicas.remove("c")
+    assert moved != replicas.serving_fingerprint == serving
+
+
+def test_routing_is_not_rebuilt_while_only_starts_and_stops_move():
+    from controlplane.deployment_routing import DeploymentRouting
+    from tests.unit.shard_harness import make_spec
+
+    spec, routing = make_spec(), DeploymentRouting()
+    replicas = make_set(rec("a"), rec("b"))
+    assert [r.replica_id for r in routing.update(spec, replicas).replicas] == ["a", "b"]
+    replicas.add(rec("c", S.STARTING))
+    replicas.replace(rec("b", S.STOPPING))
+    assert [r.replica_id for r in routing.update(spec, replicas).replicas] == ["a"]
+    replicas.add(rec("d", S.STARTING))
+    replicas.remove("b")
+    assert routing.update(spec, replicas) is None
+    replicas.replace(rec("c", S.RUNNING))
+    assert [r.replica_id for r in routing.update(spec, replicas).replicas] == ["a", "c"]
