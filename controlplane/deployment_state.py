@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine
 from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
 from controlplane.config import AutoscalingConfig
 from controlplane.config_rollout import ConfigRollout
+from controlplane.count_plan import CountTargets, plan_from_counts
 from controlplane.deployment_report import deployment_report, deployment_summary
 from controlplane.health.health_gate import ProbeOutcome
 from controlplane.health.health_stats import HealthTotals
@@ -39,7 +40,7 @@ from controlplane.health.stall_guard import StallGuard
 from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, ReplicaState
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
-                                    StartReplica, StopReplica, plan, starts_allowed)
+                                    StartReplica, StopReplica, plan)
 from controlplane.deployment_routing import DeploymentRouting
 from controlplane.replica_set import CountedMap, ReplicaRecord, ReplicaSet
 from controlplane.settings import ShardSettings
@@ -198,35 +199,31 @@ class DeploymentState:
         return deadline - self.spec.graceful_shutdown_timeout_s - window - _DRAIN_MARGIN_S
 
     def _plan(self, now: float) -> list:
-        """This tick's actions. A deployment whose every replica runs the target code and
-        config, with no drain and nothing to stop, is planned from counts in O(1) (a
-        scale-up, or steady state): ``plan`` would give the same actions (tested), at
-        the cost of a snapshot of every replica, on every tick of a scale-up."""
+        """This tick's actions: from counts where that answers exactly as the full plan
+        would (a scale-up, a rolling code update, steady state: ``count_plan``), else
+        ``plan`` over a snapshot of every replica."""
         fast = self._plan_from_counts(now)
         if fast is not None:
-            self._on_target, self._drain_due = True, float("inf")
+            actions, self._on_target = fast
+            self._drain_due = float("inf")
             self.plans_from_counts += 1
-            return fast
+            return actions
         snapshot = self.snapshot(now)
         self._on_target = all(r.version == snapshot.target_version for r in
                               snapshot.replicas if r.state in ACTIVE_STATES)
         return plan(snapshot)
 
-    def _plan_from_counts(self, now: float) -> list | None:
-        n = len(self.replicas)
-        if (self.deleting or self._drains or self.replicas.count(ReplicaState.UPDATING)
-                or self.replicas.count_version(self.rollout.serving.code_version) != n
-                or self._config_versions.count(self.config.serving[1]) != n
-                or len(self._config_versions) != n):
+    def _plan_from_counts(self, now: float) -> tuple[list, bool] | None:
+        if self.deleting or self._drains:
             return None
-        missing = self.target_replicas - self.replicas.count(*ACTIVE_STATES)
-        if missing < 0:
-            return None  # who stops first needs the replicas' ranks: the full plan
-        if missing == 0 or self.backoff.blocked(now):
-            return []
-        starting = self.replicas.count(ReplicaState.STARTING)
-        return [StartReplica() for _ in range(
-            starts_allowed(missing, starting, self.settings.max_starting_replicas))]
+        return plan_from_counts(self.replicas, self._config_versions, CountTargets(
+            replicas=self.target_replicas, version=self.rollout.serving.code_version,
+            config_version=self.config.serving[1], surge=self._surge(),
+            max_starting=self.settings.max_starting_replicas,
+            starts_blocked=self.backoff.blocked(now)))
+
+    def _surge(self) -> int:
+        return max(1, int(self.settings.rolling_surge_fraction * self.target_replicas))
 
     def snapshot(self, now: float) -> DeploymentSnapshot:
         self._drain_due = float("inf")
@@ -239,12 +236,11 @@ class DeploymentState:
                                      self._config_versions.get(r.replica_id, ""), r.rank,
                                      leaving=go_at is not None,
                                      must_go=go_at is not None and now >= go_at))
-        surge = max(1, int(self.settings.rolling_surge_fraction * self.target_replicas))
         return DeploymentSnapshot(
             target_replicas=self.target_replicas,
             target_version=self.rollout.serving.code_version,
             target_config_version=self.config.serving[1], replicas=tuple(views),
-            deleting=self.deleting, surge=surge,
+            deleting=self.deleting, surge=self._surge(),
             starts_blocked=self.backoff.blocked(now),
             max_starting=self.settings.max_starting_replicas)
 

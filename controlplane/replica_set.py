@@ -34,6 +34,7 @@ from controlplane.lifecycle import (
     is_terminal,
     next_state,
 )
+from controlplane.rank_index import RunningRankIndex
 
 _MOD = 2**64
 
@@ -77,6 +78,10 @@ class ReplicaSet:
         # routing (keyed on it) is not rebuilt on a tick where only that moved (issue 13).
         self._serving_fingerprint = 0
         self._versions: Counter[str] = Counter()  # code version -> records running it
+        self._state_versions: Counter[tuple[ReplicaState, str]] = Counter()
+        self._seq = 0  # insertions so far: a record's latest one orders the records
+        self._insert_seq: dict[str, int] = {}
+        self._ranked = RunningRankIndex(self._live_entry)
         self._running_memo: tuple[int, frozenset[str]] | None = None  # (fingerprint, ids)
         self.memo_recomputes = 0
 
@@ -113,6 +118,12 @@ class ReplicaSet:
         self._records[record.replica_id] = record
         self._buckets[record.state][record.replica_id] = record
         self._versions[record.version] += 1
+        self._state_versions[record.state, record.version] += 1
+        self._seq += 1
+        self._insert_seq[record.replica_id] = self._seq
+        if record.state == ReplicaState.RUNNING:
+            self._ranked.push(record.version, record.rank, self._seq, record.replica_id,
+                              self._state_versions[ReplicaState.RUNNING, record.version])
         self._fingerprint = (self._fingerprint + _membership_term(record)) % _MOD
         if record.state in SERVING_STATES:
             self._serving_fingerprint = (self._serving_fingerprint + _serving_term(record)) % _MOD
@@ -123,6 +134,11 @@ class ReplicaSet:
         self._versions[record.version] -= 1
         if not self._versions[record.version]:
             del self._versions[record.version]
+        key = (record.state, record.version)
+        self._state_versions[key] -= 1
+        if not self._state_versions[key]:
+            del self._state_versions[key]
+        del self._insert_seq[record.replica_id]
         self._fingerprint = (self._fingerprint - _membership_term(record)) % _MOD
         if record.state in SERVING_STATES:
             self._serving_fingerprint = (self._serving_fingerprint - _serving_term(record)) % _MOD
@@ -150,6 +166,24 @@ class ReplicaSet:
     def count_version(self, version: str) -> int:
         """Records (any state) running code ``version``, in O(1)."""
         return self._versions.get(version, 0)
+
+    def count_state_version(self, state: ReplicaState, version: str) -> int:
+        """Records in ``state`` running code ``version``, in O(1)."""
+        return self._state_versions.get((state, version), 0)
+
+    def records_in(self, state: ReplicaState) -> list[ReplicaRecord]:
+        """The records in ``state``, in record order (O(records in that state))."""
+        return list(self._buckets[state].values())
+
+    def retire_first(self, exclude_version: str, k: int) -> list[str] | None:
+        """The k RUNNING replicas not at ``exclude_version`` that a rollout retires first
+        (highest rank first, ties in record order), in O(k log N); None when fewer."""
+        return self._ranked.highest(exclude_version, k)
+
+    def _live_entry(self, entry: tuple[int, int, str], version: str) -> bool:
+        record = self._records.get(entry[2])
+        return (record is not None and self._insert_seq[entry[2]] == entry[1]
+                and record.state == ReplicaState.RUNNING and record.version == version)
 
     @property
     def fingerprint(self) -> int:
