@@ -8,8 +8,8 @@ replicas a rollout retires this tick (``ReplicaSet.retire_first``, O(k log N)).
 
 It answers only where that gives exactly ``plan``'s actions (a randomized test holds the
 two equal) and returns None elsewhere, for the full plan: a deletion, a draining node,
-a replica reconfiguring or on another config version, or a scale-down (who goes first
-there depends on STARTING vs RUNNING and ranks of the new version's replicas).
+a replica reconfiguring or on another config version, or a scale-down in the middle of a
+rolling update.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def plan_from_counts(rs: ReplicaSet, configs: CountedMap,
     old_starting = rs.count(STARTING) - new_starting
     missing = t.replicas - new
     if missing < 0:
-        return None
+        return _scale_down(rs, -missing, t) if not (old_running or old_starting) else None
     actions: list[Action] = []
     if old_starting:
         actions += [StopReplica(r.replica_id, "outdated version")
@@ -65,3 +65,16 @@ def plan_from_counts(rs: ReplicaSet, configs: CountedMap,
             return None
         actions += [StopReplica(i, "replaced by new version") for i in ids]
     return actions, old_running == 0 and old_starting == 0
+
+
+def _scale_down(rs: ReplicaSet, extra: int, t: CountTargets) -> tuple[list[Action], bool] | None:
+    """All on target, ``extra`` too many: STARTING ones first, then the highest ranks
+    (``reconcile._stop_order``); only the starting ones are walked."""
+    def rank_key(r) -> int:
+        return -(r.rank if r.rank is not None else -1)
+    starting = sorted(rs.records_in(STARTING), key=rank_key)[:extra]
+    running = rs.retire_first(None, extra - len(starting)) if extra > len(starting) else []
+    if running is None:
+        return None
+    ids = [r.replica_id for r in starting] + running
+    return [StopReplica(i, "scaled down") for i in ids], True

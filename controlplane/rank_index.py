@@ -40,9 +40,9 @@ class RunningRankIndex:
             self._heaps[version] = heap = [e for e in heap if self._is_live(e, version)]
             heapq.heapify(heap)
 
-    def highest(self, exclude_version: str, k: int) -> list[str] | None:
-        """Ids of the k RUNNING replicas not at ``exclude_version`` that retire first; None
-        when fewer than k are live."""
+    def highest(self, exclude_version: str | None, k: int) -> list[str] | None:
+        """Ids of the k RUNNING replicas not at ``exclude_version`` (None: of any
+        version) that retire first; None when fewer than k are live."""
         heaps = {v: h for v, h in self._heaps.items() if v != exclude_version}
         picked: list[tuple[str, Entry]] = []
         while len(picked) < k:

@@ -175,7 +175,7 @@ class ReplicaSet:
         """The records in ``state``, in record order (O(records in that state))."""
         return list(self._buckets[state].values())
 
-    def retire_first(self, exclude_version: str, k: int) -> list[str] | None:
+    def retire_first(self, exclude_version: str | None, k: int) -> list[str] | None:
         """The k RUNNING replicas not at ``exclude_version`` that a rollout retires first
         (highest rank first, ties in record order), in O(k log N); None when fewer."""
         return self._ranked.highest(exclude_version, k)
