@@ -1,20 +1,23 @@
 """What routers learn of one deployment: its serving replicas (with the multiplexed models
 each holds) and its limits, published only when they changed.
 
-Owned by ``DeploymentState``; the shard publishes ``update(...)`` each tick, which costs
-O(1) unless the serving set, limits or a replica's models changed (then O(replicas), once).
+Owned by ``DeploymentState``; the shard publishes ``update(...)`` each tick: O(1) when
+nothing changed, a ``RoutingDelta`` of the serving replicas that moved (O(changes)) when
+only membership did, the whole ``RoutingUpdate`` (O(replicas), rare) the first time and
+when limits or a replica's models changed.
 """
 
 from __future__ import annotations
 
-from controlplane.replica_set import ReplicaSet
+from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.specs import DeploymentSpec
-from controlplane.wire import ReplicaInfo, RoutingUpdate
+from controlplane.wire import ReplicaInfo, RoutingDelta, RoutingUpdate
 
 
 class DeploymentRouting:
     def __init__(self) -> None:
-        self._key: tuple | None = None
+        self._key: tuple | None = None  # the limits (and models) last published whole
+        self._published: dict[str, ReplicaInfo] | None = None  # what routers hold now
         self._model_ids: dict[str, tuple[str, ...]] = {}  # multiplexed models, by replica
         self._models_version = 0
 
@@ -30,23 +33,43 @@ class DeploymentRouting:
             self._model_ids[replica_id] = tuple(ids)
             self._models_version += 1
 
-    def update(self, spec: DeploymentSpec, replicas: ReplicaSet) -> RoutingUpdate | None:
-        """What routers need, if it changed since the last call; else None, in O(1)
-        (keyed on the serving set's fingerprint, so starts and stops in flight cost
-        nothing here; limits on the spec)."""
-        key = (replicas.serving_fingerprint, spec.max_ongoing_requests, spec.max_queued_requests,
-               tuple(sorted(spec.backpressure_config.items())), self._models_version)
-        if key == self._key:
+    def update(self, spec: DeploymentSpec,
+               replicas: ReplicaSet) -> RoutingUpdate | RoutingDelta | None:
+        """What routers need, if it changed since the last call: the whole update the
+        first time and when limits or models changed (O(replicas), rare), else a delta of
+        the serving replicas that joined, changed or left (O(changes)), else None."""
+        limits = (spec.max_ongoing_requests, spec.max_queued_requests,
+                  tuple(sorted(spec.backpressure_config.items())), self._models_version)
+        changes = replicas.take_serving_changes()
+        if limits != self._key or self._published is None:
+            self._key = limits
+            return self._full(spec, replicas)
+        added, removed = [], []
+        for replica_id, record in changes.items():
+            if record is None:
+                if self._published.pop(replica_id, None) is not None:
+                    removed.append(replica_id)
+                    self._model_ids.pop(replica_id, None)
+            elif self._published.get(replica_id) != (info := self._info(record)):
+                self._published[replica_id] = info
+                added.append(info)
+        if not added and not removed:
             return None
-        self._key = key
+        return RoutingDelta(tuple(added), tuple(removed))
+
+    def _info(self, r: ReplicaRecord) -> ReplicaInfo:
+        return ReplicaInfo(r.replica_id, r.actor_name, r.node_id, r.http_address,
+                           self._model_ids.get(r.replica_id, ()))
+
+    def _full(self, spec: DeploymentSpec, replicas: ReplicaSet) -> RoutingUpdate:
         serving = [replicas.get(i) for i in sorted(replicas.running_ids())]
         if self._model_ids:  # forget replicas that left
             self._model_ids = {i: m for i, m in self._model_ids.items() if i in replicas}
+        infos = tuple(self._info(r) for r in serving)
+        self._published = {info.replica_id: info for info in infos}
         backpressure = spec.backpressure_config
         return RoutingUpdate(
-            replicas=tuple(ReplicaInfo(r.replica_id, r.actor_name, r.node_id, r.http_address,
-                                       self._model_ids.get(r.replica_id, ()))
-                           for r in serving),
+            replicas=infos,
             max_ongoing_requests=spec.max_ongoing_requests,
             max_queued_requests=spec.max_queued_requests,
             status_code=int(backpressure.get("status_code", 503)),

@@ -48,7 +48,7 @@ from controlplane.specs import DeploymentSpec, stable_hash
 from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
 from controlplane.version_rollout import VersionRollout
 from controlplane.wire import (MetricReport, PushedHealth, ReplicaDescription, ReportRow,
-                               RoutingUpdate, row_report)
+                               RoutingDelta, RoutingUpdate, row_report)
 
 if TYPE_CHECKING:
     from controlplane.replica_ops import ReplicaOps
@@ -534,7 +534,7 @@ class DeploymentState:
     def record_model_ids(self, replica_id: str, ids: tuple[str, ...]) -> None:
         self.routing.record_model_ids(self.replicas, replica_id, ids)
 
-    def routing_update(self) -> RoutingUpdate | None:
+    def routing_update(self) -> RoutingUpdate | RoutingDelta | None:
         """What routers need, if it changed since the last call (``DeploymentRouting``);
         nothing while re-adopting."""
         return None if self.adopting else self.routing.update(self.spec, self.replicas)

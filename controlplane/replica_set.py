@@ -77,6 +77,9 @@ class ReplicaSet:
         # Of the serving replicas alone: STARTING/STOPPING churn leaves it unchanged, so
         # routing (keyed on it) is not rebuilt on a tick where only that moved (issue 13).
         self._serving_fingerprint = 0
+        # Serving records that changed since the last ``take_serving_changes`` (None: it
+        # left the serving states): routing's deltas, O(changes) (issue 13).
+        self._serving_changes: dict[str, ReplicaRecord | None] = {}
         self._versions: Counter[str] = Counter()  # code version -> records running it
         self._state_versions: Counter[tuple[ReplicaState, str]] = Counter()
         self._seq = 0  # insertions so far: a record's latest one orders the records
@@ -127,6 +130,7 @@ class ReplicaSet:
         self._fingerprint = (self._fingerprint + _membership_term(record)) % _MOD
         if record.state in SERVING_STATES:
             self._serving_fingerprint = (self._serving_fingerprint + _serving_term(record)) % _MOD
+            self._serving_changes[record.replica_id] = record
 
     def _discard(self, record: ReplicaRecord) -> None:
         del self._records[record.replica_id]
@@ -142,6 +146,7 @@ class ReplicaSet:
         self._fingerprint = (self._fingerprint - _membership_term(record)) % _MOD
         if record.state in SERVING_STATES:
             self._serving_fingerprint = (self._serving_fingerprint - _serving_term(record)) % _MOD
+            self._serving_changes[record.replica_id] = None
 
     # -- reads ------------------------------------------------------------------------
 
@@ -166,6 +171,12 @@ class ReplicaSet:
     def count_version(self, version: str) -> int:
         """Records (any state) running code ``version``, in O(1)."""
         return self._versions.get(version, 0)
+
+    def take_serving_changes(self) -> dict[str, ReplicaRecord | None]:
+        """Serving replicas that joined or changed (their record) or left (None) since
+        the last call."""
+        changes, self._serving_changes = self._serving_changes, {}
+        return changes
 
     def count_state_version(self, state: ReplicaState, version: str) -> int:
         """Records in ``state`` running code ``version``, in O(1)."""

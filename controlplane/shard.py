@@ -30,7 +30,8 @@ from controlplane.replica_ops import ReplicaOps
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import Batch, MetricReport, PushedHealth
+from controlplane.wire import (Batch, MetricReport, PushedHealth, RoutingDelta,
+                               apply_routing_delta)
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,9 @@ class ShardCore:
                 self.routing.remove(str(dep_id))
                 continue
             update = state.routing_update()
-            if update is not None:
+            if isinstance(update, RoutingDelta):
+                self.routing.publish_delta(str(dep_id), update, apply_routing_delta)
+            elif update is not None:
                 self.routing.publish(str(dep_id), update)
         self.ticks += 1
         self.last_tick_s = time.perf_counter() - started

@@ -18,12 +18,15 @@ gets a default, so an older sender stays valid during a rolling upgrade.
 | ``DeploymentRef`` | controller's build -> replica | a constructor argument |
 | ``ReplicaDescription`` | replica -> a recovering shard | ``Replica.describe`` |
 | ``RoutingUpdate`` / ``ReplicaInfo`` | shard -> proxies, handles | ``listen_routing`` |
+| ``Deltas`` of ``RoutingDelta`` | shard -> routers already holding a version | ``listen_routing`` |
+| batch ``ReportRow``s | node reporter -> shard | ``ControllerShard.report_batch`` |
 | ``RoutesUpdate`` | controller -> proxies, handles | ``listen_routes`` |
 | ``HTTPRequestData`` | proxy -> replica | ``Replica.handle_http`` |
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +171,36 @@ class RoutingUpdate:
     status_code: int = 503  # backpressure_config
     retry_after_s: float | None = None
     retry_after_policy: str = "static"
+
+
+@dataclass(frozen=True)
+class RoutingDelta:
+    """A change of a deployment's serving set since one version (issue 13): replicas that
+    joined or changed what routers see of them, and ids that left. Limits do not change
+    in a delta (a limit change is a full ``RoutingUpdate``)."""
+
+    added: tuple[ReplicaInfo, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Deltas:
+    """What a long-poll host sends a listener that holds version ``base`` of a payload:
+    the changes since then, in order (for routing: ``RoutingDelta``s). The listener
+    applies them to the payload it holds at ``base``."""
+
+    base: int
+    deltas: tuple[Any, ...]
+
+
+def apply_routing_delta(update: RoutingUpdate, delta: RoutingDelta) -> RoutingUpdate:
+    """The full update after ``delta``: replicas sorted by id, as a full build makes it."""
+    replicas = {r.replica_id: r for r in update.replicas}
+    for replica_id in delta.removed:
+        replicas.pop(replica_id, None)
+    for info in delta.added:
+        replicas[info.replica_id] = info
+    return dataclasses.replace(update, replicas=tuple(replicas[i] for i in sorted(replicas)))
 
 
 ROUTES_KEY = "routes"  # the controller's long-poll key for ``RoutesUpdate``

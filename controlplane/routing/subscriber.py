@@ -22,7 +22,8 @@ import ray
 from controlplane.clock import Clock, SystemClock
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
-from controlplane.wire import ROUTES_KEY, RoutesUpdate, RoutingUpdate
+from controlplane.wire import (ROUTES_KEY, Deltas, RoutesUpdate, RoutingUpdate,
+                               apply_routing_delta)
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class RoutingSubscriber:
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._known: dict[int, dict[str, int]] = {}  # shard -> {deployment key: version}
+        self._held: dict[int, dict[str, Any]] = {}  # shard -> {key: payload held}
         self._num_shards = 0
         self._tasks: list[asyncio.Task] = []
         self._backoffs: dict[str, ErrorBackoff] = {}  # target -> backoff, once it failed
@@ -100,6 +102,7 @@ class RoutingSubscriber:
             self._num_shards = update.num_shards
             for i in range(self._num_shards):
                 self._known.setdefault(i, {})
+                self._held.setdefault(i, {})
                 self._tasks.append(asyncio.get_running_loop().create_task(self._follow_shard(i)))
         self._on_routes(update)
 
@@ -115,11 +118,27 @@ class RoutingSubscriber:
                 continue
             self._reached(shard_target(index))
             for key, (version, payload) in changes.items():
+                if isinstance(payload, Deltas):
+                    payload = self._apply_deltas(index, key, payload)
+                    if payload is None:
+                        continue
                 self._known[index][key] = version
+                self._held[index][key] = payload
                 try:
                     self._on_deployment(key, payload)
                 except Exception:  # one bad update must not stop following the shard
                     logger.exception("routing update for %s failed", key)
+
+    def _apply_deltas(self, index: int, key: str, changes: Deltas) -> RoutingUpdate | None:
+        """The whole update after the deltas, from the one held at their base; None (and
+        the whole update asked for next) if that is not the one held."""
+        held = self._held[index].get(key)
+        if held is None or self._known[index].get(key) != changes.base:
+            self._known[index].pop(key, None)
+            return None
+        for delta in changes.deltas:
+            held = apply_routing_delta(held, delta)
+        return held
 
     async def _wait_retry(self, target: str, error: Exception) -> None:
         """Count a failed call, log it if ``target`` just became unreachable, and wait

@@ -72,3 +72,25 @@ def test_listen_times_out_with_no_changes():
         host = LongPollHost()
         return await host.listen({}, watch_all=True, timeout_s=0.01)
     assert run(scenario()) == {}
+
+
+def test_listeners_holding_a_recent_version_get_deltas_the_rest_the_whole_payload():
+    from controlplane.long_poll import MAX_DELTAS
+    from controlplane.wire import Deltas
+
+    host = LongPollHost()
+    apply = lambda payload, delta: payload + [delta]  # noqa: E731
+    host.publish("k", [])
+    v0 = host.snapshot({}, watch_all=True)["k"][0]
+    host.publish_delta("k", 1, apply)
+    v1 = host.snapshot({}, watch_all=True)["k"][0]
+    host.publish_delta("k", 2, apply)
+    assert host.snapshot({"k": v1})["k"][1] == Deltas(v1, (2,))
+    assert host.snapshot({"k": v0})["k"][1] == Deltas(v0, (1, 2))
+    assert host.snapshot({"k": 0})["k"][1] == [1, 2]  # new listener: whole, built once
+    for i in range(MAX_DELTAS):
+        host.publish_delta("k", 3 + i, apply)
+    assert host.snapshot({"k": v0})["k"][1] == list(range(1, MAX_DELTAS + 3))  # too far
+    host.publish("k", ["reset"])  # a whole payload: the deltas before it lead nowhere
+    assert host.snapshot({"k": v1})["k"][1] == ["reset"]
+    assert host.publish("k", ["reset"]) is False

@@ -228,8 +228,9 @@ def test_serving_fingerprint_moves_with_the_serving_set_only():
     assert moved != replicas.serving_fingerprint == serving
 
 
-def test_routing_is_not_rebuilt_while_only_starts_and_stops_move():
+def test_routing_sends_deltas_of_the_serving_set_and_nothing_for_starts_and_stops():
     from controlplane.deployment_routing import DeploymentRouting
+    from controlplane.wire import RoutingDelta
     from tests.unit.shard_harness import make_spec
 
     spec, routing = make_spec(), DeploymentRouting()
@@ -237,9 +238,38 @@ def test_routing_is_not_rebuilt_while_only_starts_and_stops_move():
     assert [r.replica_id for r in routing.update(spec, replicas).replicas] == ["a", "b"]
     replicas.add(rec("c", S.STARTING))
     replicas.replace(rec("b", S.STOPPING))
-    assert [r.replica_id for r in routing.update(spec, replicas).replicas] == ["a"]
+    assert routing.update(spec, replicas) == RoutingDelta((), ("b",))
     replicas.add(rec("d", S.STARTING))
     replicas.remove("b")
+    replicas.replace(rec("a", message="slow"))  # nothing routers see
     assert routing.update(spec, replicas) is None
     replicas.replace(rec("c", S.RUNNING))
-    assert [r.replica_id for r in routing.update(spec, replicas).replicas] == ["a", "c"]
+    delta = routing.update(spec, replicas)
+    assert [i.replica_id for i in delta.added] == ["c"] and delta.removed == ()
+    assert [r.replica_id for r in routing.update(make_spec(max_ongoing_requests=9),
+                                                 replicas).replicas] == ["a", "c"]
+
+
+def test_deltas_applied_in_order_equal_the_whole_update_after_random_churn():
+    import random
+
+    from controlplane.deployment_routing import DeploymentRouting
+    from controlplane.wire import RoutingDelta, apply_routing_delta
+    from tests.unit.shard_harness import make_spec
+
+    rng, spec = random.Random(3), make_spec()
+    routing, replicas = DeploymentRouting(), ReplicaSet()
+    held = routing.update(spec, replicas)
+    for step in range(400):
+        rid = f"r{rng.randrange(30)}"
+        state = rng.choice([S.STARTING, S.RUNNING, S.UPDATING, S.STOPPING])
+        record = rec(rid, state, node_id=rng.choice(["n1", "n2"]))
+        if rid in replicas:
+            replicas.remove(rid) if rng.random() < 0.3 else replicas.replace(record)
+        else:
+            replicas.add(record)
+        update = routing.update(spec, replicas)
+        if isinstance(update, RoutingDelta):
+            held = apply_routing_delta(held, update)
+        whole = DeploymentRouting().update(spec, replicas)
+        assert held == whole, step

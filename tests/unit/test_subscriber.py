@@ -191,3 +191,43 @@ def test_jitter_spreads_the_waits_below_the_nominal_ones():
     nominal = [min(0.5 * 2 ** i, 10.0) for i in range(len(gaps))]
     assert all(0.8 * n - 1e-9 <= g <= n + 1e-9 for g, n in zip(gaps, nominal))
     assert gaps != nominal[:len(gaps)]
+
+
+class HostShard:
+    """A shard answering from a real ``LongPollHost``, deltas included."""
+
+    def __init__(self) -> None:
+        from controlplane.long_poll import LongPollHost
+        self.host = LongPollHost()
+        self.listen_routing = Method(self._listen_routing)
+        self.answers: list[dict] = []
+
+    async def _listen_routing(self, known: dict, watch_all: bool = False,
+                              timeout_s: float = POLL_TIMEOUT_S) -> dict:
+        answer = await self.host.listen(known, watch_all, timeout_s)
+        self.answers.append(answer)
+        return answer
+
+
+def test_routers_rebuild_the_whole_update_from_deltas(h):
+    from controlplane.wire import Deltas, RoutingDelta, apply_routing_delta
+
+    shard = HostShard()
+    h.directory.actors[SETTINGS.controller_name] = FakeController()
+    h.directory.actors[shard_actor_name(0)] = shard
+    new = ReplicaInfo("r-1", "actor-r-1", "node-b")
+
+    async def main() -> None:
+        shard.host.publish("app/model", UPDATE)
+        await asyncio.sleep(1.0)
+        shard.host.publish_delta("app/model", RoutingDelta(added=(new,)), apply_routing_delta)
+        await asyncio.sleep(1.0)
+        shard.host.publish_delta("app/model", RoutingDelta(removed=("r-0",)),
+                                 apply_routing_delta)
+        await asyncio.sleep(1.0)
+
+    h.run(main)
+    assert [u.replicas for _, u, _ in h.updates] == [
+        UPDATE.replicas, (UPDATE.replicas[0], new), (new,)]
+    sent = [payload for answer in shard.answers for _, payload in answer.values()]
+    assert [type(p) for p in sent] == [RoutingUpdate, Deltas, Deltas]  # O(changes) sent
