@@ -18,9 +18,11 @@ fake replicas that start and stop at once (``scale_fleet``: ``ShardCore``;
   N/32, each as the controller's time with its calls back to back (replicas start at
   once, so this is the control plane's own bound; a real loop adds its 0.1 s sleeps,
   shown as ticks) and its CPU per replica.
-- with ``--ray``: ``release_tests.health_push`` (push mode, a real shard actor and
-  simulated replicas) at each N for ``--ray-duration-s``: shard CPU per health update and
-  the freshness miss rate.
+- fleetplane, beside ``push_us``: the same pushes as node batches (``report_batch``, the
+  path replicas take by default), ``push_batched_us``.
+- with ``--ray``: ``release_tests.health_push`` (``--ray-mode``: batched by default, or
+  push; a real shard actor and simulated replicas) at each N for ``--ray-duration-s``:
+  shard CPU per health update and the freshness miss rate.
 
 Prints the machine, the table, the 16K/1K growth of tick p50 for both, py-spy's top
 frames of the 16K steady tick (flame graph under ``release_tests/results/``), writes
@@ -45,9 +47,11 @@ QUICK_SIZES = "1000,4000"
 FLEET_KEYS = ("tick_p50_ms", "tick_p99_ms", "push_us", "rollout_tick_ms", "scaleup_s",
               "shard_cpu_us_per_update", "miss_rate")
 SERVE_KEYS = ("tick_p50_ms", "scaleup_s")
-# Beside the contract keys, in both systems' entries: the same figures as CPU time, which
-# another process on the cores (a CI run) does not inflate the way it inflates wall time.
+# Beside the contract keys: the same figures as CPU time, which another process on the
+# cores (a CI run) does not inflate the way it inflates wall time, and the push cost on
+# the node-batch path (``ShardCore.report_batch``, what replicas use by default).
 CPU_KEYS = ("tick_cpu_p50_ms", "rollout_tick_cpu_ms", "scaleup_cpu_us_per_replica")
+FLEET_EXTRA_KEYS = CPU_KEYS + ("push_batched_us",)
 
 
 def log(message: str) -> None:
@@ -147,7 +151,7 @@ def _spawn(system: str, n: int, args: argparse.Namespace) -> tuple[dict | None, 
 # ---- through Ray: release_tests.health_push per N ----------------------------------------
 def through_ray(sizes: list[int], args: argparse.Namespace) -> dict[int, dict]:
     """Shard CPU per health update and freshness misses through a real shard actor
-    (``health_push.run_mode``, push mode), per N."""
+    (``health_push.run_mode`` in ``--ray-mode``), per N."""
     import ray
 
     from controlplane.instance import start_local_ray
@@ -158,8 +162,9 @@ def through_ray(sizes: list[int], args: argparse.Namespace) -> dict[int, dict]:
         for n in sizes:
             hp_args = argparse.Namespace(
                 replicas=n, duration_s=args.ray_duration_s, period_s=10.0, timeout_s=30.0,
-                report_interval_s=10.0, warmup_periods=3.0, per_host=2048)
-            measured[n], _rows = run_mode("push", hp_args)
+                report_interval_s=10.0, warmup_periods=3.0, per_host=2048,
+                batch_interval_s=1.0)
+            measured[n], _rows = run_mode(args.ray_mode, hp_args)
             log(f"[ray {n}] {measured[n]['controller_cpu_us_per_update']:.1f} us shard CPU "
                 f"per update, miss rate {measured[n]['miss_rate']:.4%}")
     finally:
@@ -172,14 +177,15 @@ COLUMNS = [  # (header, key, format); a system without the key shows "-"
     ("tick p50 ms", "tick_p50_ms", "{:.3f}"), ("tick p99 ms", "tick_p99_ms", "{:.3f}"),
     ("tick CPU p50 ms", "tick_cpu_p50_ms", "{:.3f}"),
     ("own tick CPU p50 ms", "own_tick_cpu_p50_ms", "{:.3f}"),
-    ("push us (CPU)", "push_us", "{:.2f}"), ("pushes/tick", "pushes_per_tick", "{:.0f}"),
+    ("push us (CPU)", "push_us", "{:.2f}"), ("push us batched", "push_batched_us", "{:.2f}"),
+    ("pushes/tick", "pushes_per_tick", "{:.0f}"),
     ("rollout tick p50 ms", "rollout_tick_ms", "{:.1f}"),
     ("rollout tick CPU p50 ms", "rollout_tick_cpu_ms", "{:.1f}"),
     ("scale-up s", "scaleup_s", "{:.2f}"), ("ticks", "scaleup_ticks", "{}"),
     ("CPU us/start", "scaleup_cpu_us_per_replica", "{:.0f}"),
     ("replace-all s", "replace_s", "{:.2f}"), ("ticks", "replace_ticks", "{}"),
     ("scale-down s", "scaledown_s", "{:.2f}"), ("RSS MB", "shard_rss_mb", "{:.0f}"),
-    ("status() ms", "status_ms", "{:.0f}"),
+    ("status() ms", "status_ms", "{:.0f}"), ("summary ms", "status_summary_ms", "{:.2f}"),
     ("shard CPU us/update", "shard_cpu_us_per_update", "{:.1f}"),
     ("miss rate", "miss_rate", "{:.4%}"),
 ]
@@ -252,7 +258,7 @@ def print_profile(n: int, profile: dict) -> None:
 def last_line(results: dict[str, dict[int, dict]]) -> dict:
     def pick(r: dict, keys: tuple) -> dict:
         return {k: (round(r[k], 4) if isinstance(r.get(k), float) else r.get(k)) for k in keys}
-    return {"fleetplane": {str(n): pick(r, FLEET_KEYS + CPU_KEYS)
+    return {"fleetplane": {str(n): pick(r, FLEET_KEYS + FLEET_EXTRA_KEYS)
                            for n, r in results["fleetplane"].items()},
             "serve": {str(n): pick(r, SERVE_KEYS + CPU_KEYS) for n, r in results["serve"].items()}}
 
@@ -279,6 +285,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ray", action="store_true",
                    help="also run release_tests.health_push (push mode) at each N")
     p.add_argument("--ray-duration-s", type=float, default=60.0)
+    p.add_argument("--ray-mode", default="batched", choices=("batched", "push"),
+                   help="health_push's mode: node batches (the default path) or one call "
+                        "per report")
     p.add_argument("--worker-timeout-s", type=float, default=1800.0)
     p.add_argument("--worker", choices=("fleetplane", "serve"), help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)

@@ -43,7 +43,7 @@ from controlplane.replica_client import ReplicaDied
 from controlplane.settings import Settings, ShardSettings
 from controlplane.shard import ShardCore
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import MetricReport, PushedHealth, ReplicaDescription
+from controlplane.wire import MetricReport, PushedHealth, ReplicaDescription, report_row
 from release_tests.scale import Limits, PhaseResult, percentile
 from tests.unit.virtual_time import loop_clock, run_virtual, wait_all_tasks_blocked
 
@@ -197,6 +197,7 @@ class FleetBench:
         self.schedules = {MAIN: PushSchedule(MAIN, PERIOD_S, load=0),
                           AUTO: PushSchedule(AUTO, REPORT_S, load=2)}
         self.samples: list[tuple] = []  # (phase, tick, tick ms, tick CPU ms)
+        self.batched = False  # pushes as node batches (ShardCore.report_batch)
 
     def replicas(self, dep_id: DeploymentId) -> Any:
         """The deployment's ``ReplicaSet`` (O(1) counts); ShardCore has no summary of its own
@@ -221,11 +222,18 @@ class FleetBench:
         return batches
 
     def ingest(self, batches: list) -> tuple[float, float, int]:
-        """Deliver reports through ``ShardCore.report_metrics``: (wall s, CPU s, count)."""
+        """Deliver reports one ``ShardCore.report_metrics`` call each or, with ``batched``,
+        as one ``report_batch`` of rows (a node reporter's call; the rows are made before
+        the clock starts, as a reporter makes them): (wall s, CPU s, count)."""
+        rows = {key: [report_row(r) for r in reports] for key, reports in batches} \
+            if self.batched else None
         c0, t0 = time.process_time(), time.perf_counter()
-        for key, reports in batches:
-            for report in reports:
-                self.core.report_metrics(key, report)
+        if rows is not None:
+            self.core.report_batch(rows)
+        else:
+            for key, reports in batches:
+                for report in reports:
+                    self.core.report_metrics(key, report)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         return wall, cpu, sum(len(reports) for _, reports in batches)
 
@@ -275,8 +283,8 @@ class FleetOptions:
 
 
 async def _steady(bench: FleetBench, n: int, opts: FleetOptions, log: Callable) -> dict:
-    """Steady state with pushes flowing and an autoscaled deployment, then the tick's own
-    work with no pushes."""
+    """Steady state with pushes flowing (one call per report) and an autoscaled deployment;
+    the tick's own work with no pushes; then the same pushes as node batches."""
     m = max(1, n // 16)
     bench.core.apply([autoscaled_spec(m)], [])
     await bench.converge("auto_up", lambda: bench.settled(AUTO, m), opts.limits)
@@ -288,26 +296,44 @@ async def _steady(bench: FleetBench, n: int, opts: FleetOptions, log: Callable) 
     await bench.burst()
     quiet = await bench.run_ticks("own", min(opts.steady_ticks, NO_PUSH_TICKS_MAX), False)
     await bench.burst()
-    tick_ms, tick_cpu_ms = [s.tick_s * 1e3 for s in pushed], [s.tick_cpu_s * 1e3 for s in pushed]
-    own_ms, own_cpu_ms = [s.tick_s * 1e3 for s in quiet], [s.tick_cpu_s * 1e3 for s in quiet]
-    pushes = sum(s.pushes for s in pushed)
-    # CPU of the ingest, plus what the ticks with pushes cost beyond the tick's own work:
-    # CPU rather than wall, so another process on the cores does not inflate it
-    ingest_cpu_s = sum(s.ingest_cpu_s for s in pushed)
-    attributable_s = (ingest_cpu_s + sum(s.tick_cpu_s for s in pushed)
-                      - len(pushed) * _mean(own_cpu_ms) / 1e3)
-    log(f"[fleetplane {n}] steady tick p50 {percentile(tick_ms, 50):.3f} ms with "
-        f"{pushes / len(pushed):.0f} pushes/tick; own work p50 {percentile(own_ms, 50):.3f} ms")
-    return {"tick_p50_ms": percentile(tick_ms, 50), "tick_p99_ms": percentile(tick_ms, 99),
-            "tick_cpu_p50_ms": percentile(tick_cpu_ms, 50),
-            "tick_cpu_p99_ms": percentile(tick_cpu_ms, 99),
-            "own_tick_p50_ms": percentile(own_ms, 50), "own_tick_p99_ms": percentile(own_ms, 99),
-            "own_tick_cpu_p50_ms": percentile(own_cpu_ms, 50),
-            "push_us": attributable_s / max(1, pushes) * 1e6,
-            "ingest_us_per_push": ingest_cpu_s / max(1, pushes) * 1e6,
-            "pushes_per_tick": pushes / len(pushed), "steady_probes": probes,
-            "steady_stall_episodes": stalls,
-            "auto_replicas": bench.replicas(AUTO).count(ReplicaState.RUNNING)}
+    own_cpu_ms = [s.tick_cpu_s * 1e3 for s in quiet]
+    result = {**_tick_figures("", pushed), **_tick_figures("own_", quiet),
+              "push_us": _push_us(pushed, _mean(own_cpu_ms)),
+              "ingest_us_per_push": _ingest_us(pushed),
+              "pushes_per_tick": sum(s.pushes for s in pushed) / len(pushed),
+              "steady_probes": probes, "steady_stall_episodes": stalls,
+              "auto_replicas": bench.replicas(AUTO).count(ReplicaState.RUNNING)}
+    if hasattr(bench.core, "report_batch"):
+        bench.batched = True
+        batched = await bench.run_ticks("steady_batched", opts.steady_ticks)
+        result.update(_tick_figures("batched_", batched))
+        result["push_batched_us"] = _push_us(batched, _mean(own_cpu_ms))
+        result["ingest_batched_us_per_push"] = _ingest_us(batched)
+        bench.batched = False  # what follows (profile, rollout) pushes one call per report
+    log(f"[fleetplane {n}] steady tick p50 {result['tick_p50_ms']:.3f} ms with "
+        f"{result['pushes_per_tick']:.0f} pushes/tick, {result['push_us']:.1f} us per push "
+        f"({result.get('push_batched_us', float('nan')):.1f} batched); own work p50 "
+        f"{result['own_tick_p50_ms']:.3f} ms")
+    return result
+
+
+def _tick_figures(prefix: str, steps: list[Step]) -> dict:
+    wall_ms, cpu_ms = [s.tick_s * 1e3 for s in steps], [s.tick_cpu_s * 1e3 for s in steps]
+    return {f"{prefix}tick_p50_ms": percentile(wall_ms, 50),
+            f"{prefix}tick_p99_ms": percentile(wall_ms, 99),
+            f"{prefix}tick_cpu_p50_ms": percentile(cpu_ms, 50),
+            f"{prefix}tick_cpu_p99_ms": percentile(cpu_ms, 99)}
+
+
+def _push_us(steps: list[Step], own_cpu_ms: float) -> float:
+    """CPU of the ingest, plus what the ticks with pushes cost beyond the tick's own work,
+    per push. CPU rather than wall, so another process on the cores does not inflate it."""
+    spent = sum(s.ingest_cpu_s + s.tick_cpu_s for s in steps) - len(steps) * own_cpu_ms / 1e3
+    return spent / max(1, sum(s.pushes for s in steps)) * 1e6
+
+
+def _ingest_us(steps: list[Step]) -> float:
+    return sum(s.ingest_cpu_s for s in steps) / max(1, sum(s.pushes for s in steps)) * 1e6
 
 
 def _mean(values: list[float]) -> float:
@@ -345,7 +371,8 @@ async def _profile(bench: FleetBench, opts: FleetOptions, log: Callable) -> dict
     return profile_summary(raw_path)
 
 
-_SHARD_ENTRIES = {"tick": "ShardCore.tick ", "ingest": "ShardCore.report_metrics "}
+_SHARD_ENTRIES = {"tick": ("ShardCore.tick ",),
+                  "ingest": ("ShardCore.report_metrics ", "ShardCore.report_batch ")}
 
 
 def _function(frame: str) -> str:
@@ -373,8 +400,8 @@ def profile_summary(raw_path: str, top: int = 15) -> dict:
             if not stack or not count.isdigit():
                 continue
             frames = stack.split(";")
-            part = next((name for name, entry in _SHARD_ENTRIES.items()
-                         if any(fr.startswith(entry) for fr in frames)), "harness")
+            part = next((name for name, entries in _SHARD_ENTRIES.items()
+                         if any(fr.startswith(entries) for fr in frames)), "harness")
             where[part] += int(count)
             if part != "harness":
                 counts[_leaf(frames)] = counts.get(_leaf(frames), 0) + int(count)
@@ -388,6 +415,19 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
+def _status_costs(core: ShardCore) -> dict:
+    """One ``status()`` (every replica listed) and, where the shard has it, one summary."""
+    costs = {}
+    for key, kwargs in (("status_ms", {}), ("status_summary_ms", {"summary": True})):
+        t0 = time.perf_counter()
+        try:
+            core.status(**kwargs)
+        except TypeError:  # no summary here
+            continue
+        costs[key] = (time.perf_counter() - t0) * 1e3
+    return costs
+
+
 async def _run(n: int, opts: FleetOptions, log: Callable) -> tuple[dict, list]:
     rss0 = _rss_mb()
     bench = FleetBench(opts.surge_fraction, opts.start_delay_s)
@@ -397,9 +437,7 @@ async def _run(n: int, opts: FleetOptions, log: Callable) -> tuple[dict, list]:
     log(f"[fleetplane {n}] scale-up {up.text(n)}")
     result = {**up.as_dict("scaleup", n), **await _steady(bench, n, opts, log)}
     result["shard_rss_mb"] = _rss_mb() - rss0
-    t0 = time.perf_counter()
-    bench.core.status()
-    result["status_ms"] = (time.perf_counter() - t0) * 1e3
+    result.update(_status_costs(bench.core))
     result["profile"] = await _profile(bench, opts, log) if opts.profile_s > 0 else {}
     await bench.burst()
     bench.core.apply([make_spec(MAIN, n, "v2")], [])
