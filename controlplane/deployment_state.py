@@ -302,18 +302,23 @@ class DeploymentState:
         """A node batch's rows of this deployment: what ``record_metrics`` does per
         report, without a report object per row where no autoscaling reads the load.
         A malformed row is logged and skipped; it never costs the rest of the batch."""
-        get, push, policy = self.replicas.get, self.health.record_push, self._policy
+        get, push, policy = self.replicas.get, self.health.record_values, self._policy
+        steady = self.health.record_steady
         for row in rows:
             try:
                 if policy is not None:
                     self.record_metrics(row_report(row), now)
                     continue
                 replica_id, _, _, healthy, checked_at, failures, error = row
+                if healthy is True and steady(replica_id, checked_at, now):
+                    continue  # watched, so serving: no record lookup needed
                 if healthy is None:
                     continue
+                if healthy is not True:  # checked as the wire type checks it
+                    PushedHealth(healthy, checked_at, failures, error)
                 record = get(replica_id)
                 if record is not None and record.state in ACTIVE_STATES:
-                    push(replica_id, PushedHealth(healthy, checked_at, failures, error), now)
+                    push(replica_id, healthy, checked_at, failures, error, now)
             except (TypeError, ValueError) as e:
                 logger.warning("%s: dropped a malformed report row %.200r: %s",
                                self.spec.id, row, e)

@@ -4,7 +4,8 @@
 starts ``fleetplane run release_tests/chaos.yaml`` (``chaos_haproxy.yaml`` with
 ``--haproxy``: the per-node HAProxy manager is the "proxy" killed), its own embedded Ray,
 and sends a steady open-loop load of GET requests to it, and every few seconds SIGKILLs
-one actor at random: the controller, a shard, the proxy, or a replica. Per kind of kill
+one actor at random: the controller, a shard, the proxy, a replica, or a node's metric
+reporter. Per kind of kill
 it reports the requests that failed in the window after the kill, the replicas restarted
 beyond the killed one (compared by actor id), and the time until ``status`` answered
 again with every replica RUNNING. Goal (issue 9): 0 failed requests for control actors; for a
@@ -31,7 +32,7 @@ from pathlib import Path
 
 CONFIG = Path(__file__).with_name("chaos.yaml")
 URL = "http://127.0.0.1:8011/chaos"
-KINDS = ("controller", "shard", "proxy", "replica")
+KINDS = ("controller", "shard", "proxy", "replica", "reporter")
 
 
 @dataclass
@@ -106,7 +107,8 @@ def _replicas(actors: dict[str, dict]) -> dict[str, str]:
 
 def _victim(kind: str, actors: dict[str, dict], rng: random.Random) -> str | None:
     prefix = {"controller": "fleetplane_controller", "shard": "fleetplane_shard_",
-              "proxy": "fleetplane_proxy::", "replica": "fleetplane_replica::"}[kind]
+              "proxy": "fleetplane_proxy::", "replica": "fleetplane_replica::",
+              "reporter": "fleetplane_reporter_"}[kind]
     names = sorted(n for n in actors if n.startswith(prefix))
     return rng.choice(names) if names else None
 
@@ -175,6 +177,9 @@ def _kill_one(rng: random.Random, started: float) -> Kill:
     _BEFORE.update(_replicas(actors))
     kind = rng.choice(KINDS)
     name = _victim(kind, actors, rng)
+    while name is None:  # e.g. no node reporter yet: kill something that exists
+        kind = rng.choice(KINDS)
+        name = _victim(kind, actors, rng)
     os.kill(actors[name]["pid"], signal.SIGKILL)
     return Kill(kind, name, time.monotonic() - started)
 

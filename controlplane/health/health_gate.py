@@ -144,11 +144,10 @@ def consume_push(state: GateState, entry: PushEntry) -> tuple[GateState, UsePush
     probe_start = state.applied_probe_started_at
     if probe_start is not None and entry.received_at <= probe_start:
         return state, Skip("arrived before the probe whose result was applied")
-    health = entry.health
-    failures = 0 if health.healthy else health.consecutive_failures
+    failures = 0 if entry.healthy else entry.consecutive_failures
     counted = max(0, failures - state.failures)
     new = dataclasses.replace(state, failures=failures, push_received_at=entry.received_at)
-    return new, UsePush(health.healthy, failures, counted)
+    return new, UsePush(entry.healthy, failures, counted)
 
 
 def decide(state: GateState, entry: PushEntry | None, hold_until: float, now: float,

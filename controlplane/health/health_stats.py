@@ -15,7 +15,9 @@ Invariants:
   controller's lifetime (seed 000, gemini review of ray-project/ray#64913: lifetime stats
   "went insensitive to current lag exactly when the numbers are worth reading"). ``count``
   stays cumulative so it still reads as a counter.
-- Recording is O(1); a snapshot is O(buckets). Snapshots merge exactly (bucket sums), so
+- Recording is O(1), and cheap: an interval is appended to the current window's buffer
+  and bucketed with numpy a few thousand at a time (issue 13: bucketing one by one was
+  ~2 us of every push); a snapshot folds the buffer, then is O(buckets). Snapshots merge exactly (bucket sums), so
   shards and deployments combine without losing the percentiles.
 - A reported percentile is a bucket's upper bound clamped to the observed max: within
   ``2**(1/8) - 1`` (about 9 %) of the true value, and exact when all samples are equal.
@@ -28,6 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+import numpy as np
 
 # One window; the figures cover the current window plus the previous one, so 60-120 s of
 # history: long enough for a p99 over a 10 s health period, short enough to show lag now.
@@ -87,15 +91,29 @@ class IntervalStats:
         return {"p50": self.percentile(0.5), "p99": self.percentile(0.99), "max": self.max_s}
 
 
+_FOLD_AT = 4096  # buffered intervals bucketed in one numpy pass
+
+
 class _Window:
     def __init__(self) -> None:
         self.buckets: dict[int, int] = {}
         self.max_s: float | None = None
+        self.pending: list[float] = []
 
-    def add(self, interval_s: float) -> None:
-        bucket = _bucket_of(interval_s)
-        self.buckets[bucket] = self.buckets.get(bucket, 0) + 1
-        self.max_s = interval_s if self.max_s is None else max(self.max_s, interval_s)
+    def fold(self) -> None:
+        """Bucket the buffered intervals: ``_bucket_of`` of each, vectorized."""
+        if not self.pending:
+            return
+        values = np.asarray(self.pending, dtype=np.float64)
+        self.pending = []
+        ratio = np.maximum(values, _MIN_INTERVAL_S) / _MIN_INTERVAL_S
+        index = np.ceil(np.log2(ratio) * _BUCKETS_PER_DOUBLING).astype(np.int64)
+        index[values <= _MIN_INTERVAL_S] = 0
+        index = np.minimum(index, _NUM_BUCKETS - 1)
+        for bucket, n in zip(*np.unique(index, return_counts=True)):
+            self.buckets[int(bucket)] = self.buckets.get(int(bucket), 0) + int(n)
+        top = float(values.max())
+        self.max_s = top if self.max_s is None else max(self.max_s, top)
 
 
 class IntervalWindows:
@@ -113,8 +131,12 @@ class IntervalWindows:
     def record(self, interval_s: float, now: float) -> None:
         if interval_s < 0:
             raise ValueError(f"interval_s must be >= 0, got {interval_s}")
-        self._roll(now)
-        self._current.add(interval_s)
+        if self._start is None or now - self._start >= self._window_s:
+            self._roll(now)
+        pending = self._current.pending
+        pending.append(interval_s)
+        if len(pending) >= _FOLD_AT:
+            self._current.fold()
         self._count += 1
 
     def _roll(self, now: float) -> None:
@@ -124,6 +146,7 @@ class IntervalWindows:
         elapsed = now - self._start
         if elapsed < self._window_s:
             return
+        self._current.fold()
         # Two or more windows ago: the current window is too old to be "the previous".
         self._previous = self._current if elapsed < 2 * self._window_s else _Window()
         self._current = _Window()
@@ -138,6 +161,7 @@ class IntervalWindows:
             windows = [self._current]  # it would be "previous" after a roll
         stats = IntervalStats(count=self._count)
         for w in windows:
+            w.fold()
             stats = stats.merge(IntervalStats(0, w.buckets, w.max_s))
         return stats
 

@@ -111,14 +111,35 @@ class DeploymentHealth:
         replica's deadline: what the tick's ``consume_push`` would do (a healthy
         ``UsePush`` that counts nothing and shows nothing new) and the visit ``decide``
         would re-arm to (``Wait(stale_at)``), without the tick ever seeing it."""
+        self.record_values(replica_id, health.healthy, health.checked_at,
+                           health.consecutive_failures, health.error, received_at,
+                           via_heartbeat)
+
+    def record_steady(self, replica_id: str, checked_at: float, received_at: float) -> bool:
+        """A healthy push (a batch row's fast path): acted on here if it is steady, as
+        ``record_values`` would; False, with nothing done, when it is not."""
         state = self._states.get(replica_id)
-        steady = (state is not None and health.healthy and state.failures == 0
+        if (state is None or state.failures or state.probe_started_at is not None
+                or state.push_received_at is None or received_at <= state.push_received_at
+                or (state.applied_probe_started_at is not None
+                    and received_at <= state.applied_probe_started_at)
+                or not self.registry.advance(replica_id, checked_at, received_at)):
+            return False
+        state.push_received_at = received_at
+        self._due.schedule(replica_id, received_at + self._stale_s)
+        return True
+
+    def record_values(self, replica_id: str, healthy: bool, checked_at: float, failures: int,
+                      error: str, received_at: float, via_heartbeat: bool = False) -> None:
+        """``record_push`` of a push's fields (a batch row: no ``PushedHealth`` built)."""
+        state = self._states.get(replica_id)
+        steady = (state is not None and healthy and state.failures == 0
                   and state.probe_started_at is None and state.push_received_at is not None
                   and received_at > state.push_received_at
                   and (state.applied_probe_started_at is None
                        or received_at > state.applied_probe_started_at))
-        if self.registry.record(replica_id, health, received_at, via_heartbeat,
-                                dirty=not steady) and steady:
+        if self.registry.record_values(replica_id, healthy, checked_at, failures, error,
+                                       received_at, via_heartbeat, not steady) and steady:
             state.push_received_at = received_at
             self._due.schedule(replica_id, received_at + self._stale_s)
 
@@ -157,7 +178,7 @@ class DeploymentHealth:
         state, verdict = consume_push(self._states[replica_id], entry)
         self._states[replica_id] = state
         if isinstance(verdict, UsePush):
-            error = entry.health.error
+            error = entry.error
             message = (f"self health check failed ({verdict.failures} consecutive, push): "
                        f"{error}" if error and not verdict.healthy else "")
             actions.append(self._judge(ApplyHealth(replica_id, verdict.healthy, verdict.failures,

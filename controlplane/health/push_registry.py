@@ -43,8 +43,24 @@ DEFAULT_RETENTION_S = 300.0
 
 @dataclass(slots=True)
 class PushEntry:
-    health: PushedHealth
+    """The pushed fields themselves, not a ``PushedHealth``: a steady push then costs no
+    object at all (issue 13); ``health`` builds one for the slow path."""
+
+    healthy: bool
+    checked_at: float  # the replica's own clock
+    consecutive_failures: int
+    error: str
     received_at: float  # shard monotonic time of the arrival that brought this entry
+
+    @classmethod
+    def of(cls, health: PushedHealth, received_at: float) -> PushEntry:
+        return cls(health.healthy, health.checked_at, health.consecutive_failures,
+                   health.error, received_at)
+
+    @property
+    def health(self) -> PushedHealth:
+        return PushedHealth(self.healthy, self.checked_at, self.consecutive_failures,
+                            self.error)
 
 
 @dataclass(frozen=True)
@@ -85,23 +101,48 @@ class HealthPushRegistry:
                via_heartbeat: bool = False, dirty: bool = True) -> bool:
         """Take one push; True when it became the replica's newest entry. ``dirty=False``:
         the caller acts on it now, so the next tick is not offered it."""
-        self._totals.pushes_total += 1
+        return self.record_values(replica_id, health.healthy, health.checked_at,
+                                  health.consecutive_failures, health.error, received_at,
+                                  via_heartbeat, dirty)
+
+    def record_values(self, replica_id: str, healthy: bool, checked_at: float,
+                      failures: int, error: str, received_at: float,
+                      via_heartbeat: bool = False, dirty: bool = True) -> bool:
+        """``record`` of a push's fields (a batch row carries no ``PushedHealth``)."""
+        totals = self._totals
+        totals.pushes_total += 1
         if via_heartbeat:
-            self._totals.heartbeats_total += 1
-        self._maybe_prune(received_at)
+            totals.heartbeats_total += 1
+        if self._last_prune_at is None or received_at - self._last_prune_at >= PRUNE_INTERVAL_S:
+            self._prune(received_at)
         old = self._entries.get(replica_id)
-        if old is not None and health.checked_at <= old.health.checked_at:
+        if old is None:
+            self._entries[replica_id] = PushEntry(healthy, checked_at, failures, error,
+                                                  received_at)
+        elif checked_at <= old.checked_at:
             return False  # out of order, or the same result carried twice
-        if old is not None:
+        else:  # in place: one push, no allocation
             # Arrival-to-arrival of fresh results: what the 1.5x freshness window is
             # measured against, and it widens with controller ingest lag.
-            self._totals.intervals.record(max(0.0, received_at - old.received_at), received_at)
-        if old is None:
-            self._entries[replica_id] = PushEntry(health, received_at)
-        else:  # in place: one push, no allocation
-            old.health, old.received_at = health, received_at
+            totals.intervals.record(max(0.0, received_at - old.received_at), received_at)
+            old.healthy, old.checked_at, old.consecutive_failures = healthy, checked_at, failures
+            old.error, old.received_at = error, received_at
         if dirty:
             self._dirty[replica_id] = None
+        return True
+
+    def advance(self, replica_id: str, checked_at: float, received_at: float) -> bool:
+        """A healthy push of a replica whose entry is healthy and older: ``record_values``
+        in place, acted on by the caller (not dirty); False (nothing done) otherwise."""
+        old = self._entries.get(replica_id)
+        if old is None or not old.healthy or checked_at <= old.checked_at:
+            return False
+        totals = self._totals
+        totals.pushes_total += 1
+        if received_at - self._last_prune_at >= PRUNE_INTERVAL_S:
+            self._prune(received_at)
+        totals.intervals.record(max(0.0, received_at - old.received_at), received_at)
+        old.checked_at, old.received_at = checked_at, received_at
         return True
 
     def get(self, replica_id: str) -> PushEntry | None:
@@ -122,9 +163,7 @@ class HealthPushRegistry:
         self._entries.pop(replica_id, None)
         self._dirty.pop(replica_id, None)
 
-    def _maybe_prune(self, now: float) -> None:
-        if self._last_prune_at is not None and now - self._last_prune_at < PRUNE_INTERVAL_S:
-            return
+    def _prune(self, now: float) -> None:
         self._last_prune_at = now
         self._prune_passes += 1
         horizon = now - self._retention_s

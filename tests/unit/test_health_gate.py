@@ -28,7 +28,8 @@ CRASHED = ProbeOutcome(ProbeResult.ACTOR_CRASHED, "actor died")
 
 
 def entry(received_at: float, healthy: bool = True, failures: int = 0) -> PushEntry:
-    return PushEntry(PushedHealth(healthy, received_at, 0 if healthy else failures), received_at)
+    return PushEntry.of(PushedHealth(healthy, received_at, 0 if healthy else failures),
+                        received_at)
 
 
 def applied_push(received_at: float, failures: int = 0) -> GateState:

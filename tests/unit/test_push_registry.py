@@ -175,3 +175,23 @@ def test_statistics_merge_across_shards_and_serialize():
     json.dumps(body)
     assert pickle.loads(pickle.dumps(merged)) == merged
     assert merge_all([]) == HealthStatistics()
+
+
+def test_buffered_intervals_land_in_the_buckets_one_by_one_bucketing_gives():
+    import random
+
+    from controlplane.health import health_stats
+    from controlplane.health.health_stats import IntervalWindows
+
+    rng = random.Random(5)
+    values = [rng.choice([0.0, 0.001, 0.0005, 1e-9, 2 ** rng.randrange(-12, 14) / 1000,
+                          rng.uniform(0, 30), rng.uniform(0, 1e6)]) for _ in range(20_000)]
+    windows = IntervalWindows(window_s=1e9)
+    expected: dict[int, int] = {}
+    for v in values:
+        windows.record(v, 1.0)
+        bucket = health_stats._bucket_of(v)
+        expected[bucket] = expected.get(bucket, 0) + 1
+    stats = windows.snapshot(1.0)
+    assert dict(stats.buckets) == expected and stats.max_s == max(values)
+    assert stats.count == len(values)
