@@ -377,10 +377,7 @@ class DeploymentState:
         current = self.replicas.get(replica_id)
         if current is None or (expect is not None and current.state != expect):
             return None
-        record = self.replicas.apply(replica_id, event)
-        if changes and record.state not in (ReplicaState.FAILED, ReplicaState.STOPPED):
-            record = record.with_state(record.state, **changes)
-            self.replicas.replace(record)
+        record = self.replicas.apply(replica_id, event, **changes)
         if self._policy is not None:  # autoscaling counts serving replicas' load only
             if record.state in SERVING_STATES:
                 self._metrics.include(replica_id)

@@ -23,7 +23,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -53,7 +52,12 @@ class ReplicaRecord:
     http_address: str | None = None  # its direct ingress (haproxy mode), once started
 
     def with_state(self, state: ReplicaState, **changes: object) -> ReplicaRecord:
-        return dataclasses.replace(self, state=state, **changes)
+        fields = {"replica_id": self.replica_id, "version": self.version, "rank": self.rank,
+                  "actor_name": self.actor_name, "actor_id": self.actor_id,
+                  "node_id": self.node_id, "started_at": self.started_at,
+                  "message": self.message, "http_address": self.http_address}
+        fields.update(changes)  # the constructor, not dataclasses.replace: 3x cheaper
+        return ReplicaRecord(state=state, **fields)
 
 
 def _membership_term(record: ReplicaRecord) -> int:
@@ -108,10 +112,12 @@ class ReplicaSet:
         self._discard(old)
         self._insert(record)
 
-    def apply(self, replica_id: str, event: ReplicaEvent) -> ReplicaRecord:
-        """Move a replica through the lifecycle table; a terminal result drops the record."""
+    def apply(self, replica_id: str, event: ReplicaEvent, **changes: object) -> ReplicaRecord:
+        """Move a replica through the lifecycle table (with ``changes`` to its other
+        fields, unless the result is terminal); a terminal result drops the record."""
         old = self._records[replica_id]
-        new = old.with_state(next_state(old.state, event))
+        state = next_state(old.state, event)
+        new = old.with_state(state, **({} if is_terminal(state) else changes))
         self._discard(old)
         if not is_terminal(new.state):
             self._insert(new)
