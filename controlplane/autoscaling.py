@@ -165,7 +165,10 @@ class MetricWindow:
 
     # ---- reports and the load --------------------------------------------------------------
     def record(self, report: MetricReport, received_at: float) -> None:
-        replica_id = report.replica_id
+        self.record_load(report.replica_id, report.load, received_at)
+
+    def record_load(self, replica_id: str, load: int, received_at: float) -> None:
+        """``record`` of a report's replica and load (a batch row builds no report)."""
         rep = self._replicas.get(replica_id)
         if rep is None:
             rep = self._replicas[replica_id] = _Replica()
@@ -181,7 +184,6 @@ class MetricWindow:
             return  # already out of the window
         if len(rep.samples) == self._max_samples:
             _drop_oldest(rep)  # its queue entry is skipped when it comes up
-        load = report.load
         sample = (received_at, self._seq, replica_id, load)
         self._seq += 1
         rep.samples.append(sample)

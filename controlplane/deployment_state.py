@@ -48,7 +48,7 @@ from controlplane.specs import DeploymentSpec, stable_hash
 from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
 from controlplane.version_rollout import VersionRollout
 from controlplane.wire import (MetricReport, PushedHealth, ReplicaDescription, ReportRow,
-                               RoutingDelta, RoutingUpdate, row_report)
+                               RoutingDelta, RoutingUpdate)
 
 if TYPE_CHECKING:
     from controlplane.replica_ops import ReplicaOps
@@ -300,16 +300,17 @@ class DeploymentState:
     # ---- autoscaling ---------------------------------------------------------------------
     def record_rows(self, rows: list[ReportRow], now: float) -> None:
         """A node batch's rows of this deployment: what ``record_metrics`` does per
-        report, without a report object per row where no autoscaling reads the load.
+        report, without a report object per row.
         A malformed row is logged and skipped; it never costs the rest of the batch."""
         get, push, policy = self.replicas.get, self.health.record_values, self._policy
-        steady = self.health.record_steady
+        steady, load = self.health.record_steady, self._metrics.record_load
         for row in rows:
             try:
-                if policy is not None:
-                    self.record_metrics(row_report(row), now)
-                    continue
-                replica_id, _, _, healthy, checked_at, failures, error = row
+                replica_id, ongoing, queued, healthy, checked_at, failures, error = row
+                if policy is not None and replica_id in self.replicas:
+                    if ongoing < 0 or queued < 0:
+                        raise ValueError(f"request counts must be >= 0, got {row!r}")
+                    load(replica_id, ongoing + queued, now)
                 if healthy is True and steady(replica_id, checked_at, now):
                     continue  # watched, so serving: no record lookup needed
                 if healthy is None:

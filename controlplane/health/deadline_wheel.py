@@ -22,9 +22,11 @@ Invariants:
 from __future__ import annotations
 
 import heapq
+import math
 
 # A power of two, so bucket edges are exact binary fractions of a second.
 BUCKET_S = 1 / 64
+_PER_S = 64.0  # 1 / BUCKET_S: a multiply (exact for a power of two) instead of a division
 
 
 class DeadlineQueue:
@@ -47,8 +49,9 @@ class DeadlineQueue:
         return key in self._bucket_of
 
     def schedule(self, key: str, at: float) -> None:
-        index = int(at // BUCKET_S)
-        old = self._bucket_of.get(key)
+        index = int(at * _PER_S) if at >= 0 else math.floor(at * _PER_S)
+        bucket_of = self._bucket_of
+        old = bucket_of.get(key)
         if old is not None and old != index:
             del self._buckets[old][key]  # an emptied bucket is dropped when it surfaces
         bucket = self._buckets.get(index)
@@ -56,7 +59,7 @@ class DeadlineQueue:
             bucket = self._buckets[index] = {}
             heapq.heappush(self._order, index)
         bucket[key] = at
-        self._bucket_of[key] = index
+        bucket_of[key] = index
 
     def cancel(self, key: str) -> None:
         index = self._bucket_of.pop(key, None)
@@ -65,7 +68,7 @@ class DeadlineQueue:
 
     def pop_due(self, now: float) -> list[str]:
         due: list[tuple[float, str]] = []
-        current = int(now // BUCKET_S)
+        current = int(now * _PER_S) if now >= 0 else math.floor(now * _PER_S)
         while self._order and self._order[0] <= current:
             index = self._order[0]
             bucket = self._buckets[index]

@@ -211,3 +211,22 @@ def test_a_malformed_row_is_dropped_and_the_rest_of_the_batch_is_taken():
         shard.core.report_batch({KEY: [bad, ("short",), report_row(report(b, at=5.0))]})
         assert shard.core.health_totals.statistics(0.0).pushes_total == 1
     run_virtual(FakeClock(), main)
+
+
+def test_batched_load_reports_scale_a_deployment_as_single_reports_do():
+    from tests.unit.test_metric_window import autoscaled
+
+    async def main():
+        batched, single = Shard(), Shard()
+        for shard in (batched, single):
+            await shard.deploy(autoscaled(8), ticks=4)
+        [rid] = [r["replica_id"] for r in batched.replicas()]
+        for second in range(3):
+            r = report(rid, healthy=None, ongoing=4)
+            batched.core.report_batch({KEY: [report_row(r)]})
+            single.core.report_metrics(KEY, r)
+            await batched.advance(1.0)
+            await single.advance(1.0)
+        target = batched.status()["target_replicas"]
+        assert target == single.status()["target_replicas"] and target > 1
+    run_virtual(FakeClock(), main)
