@@ -105,7 +105,7 @@ class ReplicaOps:
                            self._clock.monotonic())
             return
         if d.replica_started(replica_id, info, self._clock.monotonic()):
-            d.spawn(self._watch_death(replica_id, handle))
+            await self._watch_death(replica_id, handle)  # the same task: one per replica
 
     def start_phase(self, replica_id: str) -> str:
         handle = self._d.handle(replica_id)

@@ -51,6 +51,8 @@ class StartBackoff:
     def with_started(self) -> StartBackoff:
         """A replica started: the streak and its message end (a running backoff and a
         DEPLOY_FAILED verdict stand until they expire or the next deploy)."""
+        if self.failures == 0 and not self.last_error:
+            return self  # nothing to end: no new object per start of a scale-up
         return replace(self, failures=0, last_error="")
 
     def with_error(self, message: str) -> StartBackoff:
