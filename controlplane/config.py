@@ -122,10 +122,16 @@ class BackpressureConfig(BaseModel):
     retry_after_s: PosFloat | None = Field(
         None, description="Retry-After hint in seconds (rounded up when sent); None sends none."
     )
-    retry_after_policy: Literal["static", "router_queue_drain_rate"] = Field(
+    retry_after_policy: Literal["static", "router_queue_drain_rate", "queue_drain_rate"] = Field(
         "static", description="How Retry-After is chosen: the static retry_after_s, or computed "
         "from the rejecting router's queue depth and drain rate (seed 002), falling back to "
-        "retry_after_s and then to no header.")
+        "retry_after_s and then to no header. queue_drain_rate (upstream Ray Serve's name) "
+        "is the same policy as router_queue_drain_rate.")
+
+    @field_validator("retry_after_policy")
+    @classmethod
+    def _upstream_name(cls, value: str) -> str:
+        return "router_queue_drain_rate" if value == "queue_drain_rate" else value
 
 
 class AutoscalingConfig(BaseModel):

@@ -308,3 +308,21 @@ def test_checked_options_apply_the_cross_field_checks():
         check_deployment_options({"autoscaling_config": {"min_replicas": 3}}, "x")
     [error] = info.value.errors
     assert error.startswith("autoscaling_config.max_replicas: max_replicas (1) is below")
+
+
+def test_upstream_name_of_the_drain_rate_policy_is_accepted_and_means_the_same():
+    from controlplane.config import BackpressureConfig
+
+    assert BackpressureConfig(retry_after_policy="queue_drain_rate").retry_after_policy == \
+        "router_queue_drain_rate"
+
+
+@pytest.mark.parametrize("bad, field", [({"retry_after_policy": "fastest"}, "retry_after_policy"),
+                                        ({"retry_after_s": -1}, "retry_after_s"),
+                                        ({"retry_after_s": float("nan")}, "retry_after_s"),
+                                        ({"retry_after_s": float("inf")}, "retry_after_s")])
+def test_bad_backpressure_values_are_errors_naming_the_field(bad, field):
+    from controlplane.config import BackpressureConfig
+
+    with pytest.raises(ValidationError, match=field):
+        BackpressureConfig(**bad)
