@@ -83,6 +83,7 @@ def cluster() -> Iterator[LocalCluster]:
         **_node_args(HEAD_IP, ports, 2, {}), "include_dashboard": False})
     c.add_node(**_node_args("127.0.0.3", ports, 1, {"pool": 8}))
     c.add_node(**_node_args("127.0.0.4", ports, 1, {"GB10": 1}))
+    c.wait_for_nodes()  # all three registered, or the first SPREAD may see the head alone
     ray.init(address=c.head_node.gcs_address, namespace=Settings().namespace,
              log_to_driver=False)
     client = Client()
