@@ -1,8 +1,9 @@
 """One deployment inside a shard: desired spec, replica records, and the reconcile shell.
 
-Observe, decide, act: ``tick`` builds a snapshot and calls the pure ``reconcile.plan`` only
-when something changed (``_dirty``: a new spec, a replica transition, a new autoscaling
-target, an expired start backoff); the actions run as owned asyncio tasks
+Observe, decide, act: ``tick`` plans only when something changed (``_dirty``: a new
+spec, a replica transition, a new autoscaling target, an expired start backoff): from
+counts where that answers exactly (``count_plan``: scale-up, scale-down, rolling update),
+else with the pure ``reconcile.plan`` over a snapshot; the actions run as owned asyncio tasks
 (``replica_ops``) whose completions feed replica events back through the transition table.
 A steady deployment costs O(1) per tick: no walk over its replicas.
 
@@ -16,8 +17,9 @@ restarts no replica. Until that is done it neither plans nor publishes routing: 
 keep the replica set they had.
 
 One writer per field: ``ReplicaOps`` runs the remote calls and reports each outcome
-through the methods under "outcomes" (``replica_created``, ``replica_started``,
-``start_failed``...); only this class assigns its fields. Start backoff and the
+through the outcome methods (``replica_outcomes.ReplicaOutcomes``, this class's base:
+``replica_created``, ``replica_started``, ``start_failed``...); only this class and its
+base assign its fields. Start backoff and the
 DEPLOY_FAILED budget are the frozen ``StartBackoff`` value.
 """
 
@@ -37,18 +39,18 @@ from controlplane.health.health_stats import HealthTotals
 from controlplane.health.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
                                              ProbeReplica, ReplaceUnhealthy, ReplicaCrashed)
 from controlplane.health.stall_guard import StallGuard
-from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent, ReplicaState
+from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
                                     StartReplica, StopReplica, plan)
 from controlplane.deployment_routing import DeploymentRouting
-from controlplane.replica_set import CountedMap, ReplicaRecord, ReplicaSet
+from controlplane.replica_outcomes import ReplicaOutcomes
+from controlplane.replica_set import CountedMap, ReplicaSet
 from controlplane.settings import ShardSettings
-from controlplane.specs import DeploymentSpec, stable_hash
+from controlplane.specs import DeploymentSpec
 from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
 from controlplane.version_rollout import VersionRollout
-from controlplane.wire import (MetricReport, PushedHealth, ReplicaDescription, ReportRow,
-                               RoutingDelta, RoutingUpdate)
+from controlplane.wire import MetricReport, PushedHealth, ReportRow, RoutingDelta, RoutingUpdate
 
 if TYPE_CHECKING:
     from controlplane.replica_ops import ReplicaOps
@@ -62,7 +64,7 @@ Spawn = Callable[[Coroutine], Any]
 _DRAIN_MARGIN_S = 2.0
 
 
-class DeploymentState:
+class DeploymentState(ReplicaOutcomes):
     def __init__(self, spec: DeploymentSpec, settings: ShardSettings, spawn: Spawn,
                  ops_factory: Callable[[DeploymentState], ReplicaOps],
                  totals: HealthTotals | None = None) -> None:
@@ -354,182 +356,6 @@ class DeploymentState:
             self.target_replicas = decision.target_replicas
             self.mark_dirty()
 
-    # ---- outcomes, reported by ReplicaOps --------------------------------------------------
-    def next_replica_id(self) -> str:
-        replica_id = f"{self.spec.id.app}#{self.spec.id.name}#{self._next_seq}"
-        self._next_seq += 1
-        return replica_id
-
-    @property
-    def replicas_created(self) -> int:
-        return self._next_seq
-
-    def handle(self, replica_id: str) -> Any | None:
-        return self._handles.get(replica_id)
-
-    def handles(self) -> list[Any]:
-        return list(self._handles.values())
-
-    def transition(self, replica_id: str, event: ReplicaEvent,
-                   expect: ReplicaState | None = None, **changes: Any) -> ReplicaRecord | None:
-        """Apply one lifecycle event; terminal states drop the replica's bookkeeping.
-        With ``expect``, an outcome that arrives after the replica moved on (e.g. a start
-        finishing after a scale-down began stopping it) is ignored: returns None."""
-        current = self.replicas.get(replica_id)
-        if current is None or (expect is not None and current.state != expect):
-            return None
-        record = self.replicas.apply(replica_id, event, **changes)
-        if self._policy is not None:  # autoscaling counts serving replicas' load only
-            if record.state in SERVING_STATES:
-                self._metrics.include(replica_id)
-            else:
-                self._metrics.exclude(replica_id)
-        if record.state not in SERVING_STATES:
-            self.health.forget(replica_id)
-            self.failing.discard(replica_id)
-        if record.state in (ReplicaState.FAILED, ReplicaState.STOPPED):
-            self._forget_replica(replica_id)
-        self.mark_dirty()
-        return record
-
-    def replica_created(self, replica_id: str, handle: Any, actor_name: str,
-                        now: float) -> None:
-        """The client accepted the actor; it is STARTING until ``replica_started``."""
-        self.replicas.add(ReplicaRecord(
-            replica_id=replica_id, state=ReplicaState.STARTING,
-            version=self.rollout.serving.code_version,
-            rank=self.ranks.rank_of(replica_id), started_at=now, actor_name=actor_name))
-        self._config_versions[replica_id] = self.config.serving[1]
-        self._handles[replica_id] = handle
-
-    def replica_adopted(self, found: ReplicaDescription, handle: Any, actor_name: str,
-                        now: float) -> bool:
-        """A live replica a previous shard started: RUNNING with the rank and versions it
-        reports, watched by push health. False (the caller kills it) when it had not
-        finished starting or was already stopping; replaced at once when its fresh
-        self-check failed."""
-        self._next_seq = max(self._next_seq, _seq_of(found.replica_id) + 1)
-        if not found.initialized or found.stopping or found.replica_id in self.replicas:
-            return False
-        self.replicas.add(ReplicaRecord(
-            replica_id=found.replica_id, state=ReplicaState.RUNNING,
-            version=found.code_version, rank=self.ranks.adopt(found.replica_id, found.rank),
-            started_at=now, actor_name=actor_name, actor_id=found.actor_id,
-            node_id=found.node_id, http_address=found.http_address))
-        config = (found.user_config, stable_hash(found.user_config))
-        self._config_versions[found.replica_id] = config[1]
-        self.config = self.config.with_adopted(config)
-        self._handles[found.replica_id] = handle
-        self.health.watch(found.replica_id, now)
-        if not found.healthy:
-            self.ops.stop(found.replica_id, f"unhealthy when re-adopted: {found.message}",
-                          event=ReplicaEvent.UNHEALTHY)
-        return True
-
-    def adopt_existing(self) -> None:
-        """Before anything else, take over the live replicas of this deployment."""
-        self.adopting = True
-        self.spawn(self.ops.adopt_existing())
-
-    def adoption_done(self) -> None:
-        self.adopting = False
-        self.mark_dirty()
-
-    def replica_started(self, replica_id: str, info: dict, now: float) -> bool:
-        """Initialized and healthy: RUNNING, watched by push health. False when the
-        replica moved on meanwhile (the start is then ignored)."""
-        if self.transition(replica_id, ReplicaEvent.STARTED, expect=ReplicaState.STARTING,
-                           actor_id=info.get("actor_id"), node_id=info.get("node_id"),
-                           http_address=info.get("http_address"), message="") is None:
-            return False
-        self.backoff = self.backoff.with_started()
-        if self.rollout.rolling and self.replicas.get(replica_id).version == \
-                self.spec.code_version:
-            # failures that begin within the proving periods, once the threshold is reached
-            periods = self.settings.rollout_proving_periods + self.settings.unhealthy_threshold
-            self._proving[replica_id] = now + periods * self.spec.health_check_period_s
-            self._proving_until = max(self._proving_until, self._proving[replica_id])
-        self.health.note_capacity(self.replicas.count(ReplicaState.RUNNING), self.target_replicas)
-        self.health.watch(replica_id, now)
-        self._recent.append((now, replica_id))
-        return True
-
-    def recently_started(self, now: float, within_s: float = 30.0) -> list[tuple[str, str]]:
-        """(replica id, HTTP address) of replicas that started serving within ``within_s``:
-        those an ingress may not have heard of yet. O(recent starts), never O(replicas)."""
-        while self._recent and self._recent[0][0] < now - within_s:
-            self._recent.popleft()
-        serving = [self.replicas.get(rid) for _, rid in self._recent]
-        return [(r.replica_id, r.http_address) for r in serving
-                if r is not None and r.state in SERVING_STATES and r.http_address]
-
-    def start_failed(self, replica_id: str, message: str, now: float,
-                     created: bool = True) -> None:
-        """A start failed (``created=False``: the client refused the actor, so there is no
-        record). Counts one failure toward backoff and the DEPLOY_FAILED budget, unless the
-        replica was stopped while starting (scale-down or redeploy: not a failure)."""
-        if created and self.transition(replica_id, ReplicaEvent.START_FAILED,
-                                       expect=ReplicaState.STARTING) is None:
-            return
-        self._rollout_failure(f"replica {replica_id} failed to start:\n{message}", now)
-
-    def _rollout_failure(self, message: str, now: float) -> None:
-        """One failed start toward the start budget; the budget spent during a rollout
-        rolls the deployment back to the code it ran before."""
-        self.backoff = self.backoff.with_failure(message, now, self.target_replicas,
-                                                 self._backoff_policy)
-        self.mark_dirty()
-        if self.backoff.deploy_failed and self.rollout.rolling:
-            self._roll_back(message)
-            return
-        logger.error("%s (failure %d, next try in %.1fs)", self.backoff.last_error,
-                     self.backoff.failures,
-                     StartBackoff.delay_s(self._backoff_policy, self.backoff.failures))
-
-    def _roll_back(self, cause: str) -> None:
-        """The new version failed: start the previous one again (``VersionRollout``)."""
-        self.rollout = self.rollout.with_failure(
-            f"{cause}\nthe rollout of version {self.spec.code_version} failed; rolled back "
-            f"to version {self.rollout.fallback.code_version}, which keeps serving")
-        self.backoff = StartBackoff()  # the old version may start replacements again
-        self._proving.clear()
-        self.mark_dirty()
-        logger.error("%s: %s", self.spec.id, self.rollout.failed)
-
-    def reconfigured(self, replica_id: str, version: str) -> None:
-        if self.transition(replica_id, ReplicaEvent.RECONFIGURED, expect=ReplicaState.UPDATING):
-            self._config_versions[replica_id] = version
-
-    def reconfigure_failed(self, replica_id: str, version: str, message: str) -> None:
-        """The user's reconfigure to ``version`` raised (or timed out). The rollout stops
-        and the replica keeps serving, told the fallback config again (``ConfigRollout``);
-        only when the fallback itself failed is it replaced."""
-        if self.transition(replica_id, ReplicaEvent.RECONFIGURE_FAILED,
-                           expect=ReplicaState.UPDATING) is None:
-            return
-        error = f"reconfigure() of replica {replica_id} raised; the rollout of the new " \
-                f"user_config stopped and the previous config keeps serving:\n{message}"
-        self.config, restore = self.config.with_failure(version, error)
-        if restore:
-            logger.error("%s: %s", self.spec.id, error)
-            self._config_versions[replica_id] = ""  # unknown now: plan re-sends the fallback
-        else:
-            logger.error("%s: replica %s could not take the serving config back; replacing "
-                         "it:\n%s", self.spec.id, replica_id, message)
-            self.backoff = self.backoff.with_error(f"reconfigure of {replica_id} failed:\n{message}")
-            self.ops.stop(replica_id, "reconfigure failed")
-
-    def replica_died(self, replica_id: str, message: str) -> bool:
-        """A serving replica's actor is gone: replace it now. False when it was stopping
-        anyway or already handled."""
-        record = self.replicas.get(replica_id)
-        if record is None or record.state not in SERVING_STATES:
-            return False
-        logger.warning("replica %s died: %s", replica_id, message)
-        self.health.note_crashed()
-        self.transition(replica_id, ReplicaEvent.DIED, message=message)
-        return True
-
     # ---- routing ---------------------------------------------------------------------------
     def model_ids(self, replica_id: str) -> tuple[str, ...]:
         return self.routing.model_ids(replica_id)
@@ -558,9 +384,3 @@ class DeploymentState:
     def summary(self, now: float) -> dict:
         """The status entry without replica rows, in O(1) (``deployment_summary``)."""
         return deployment_summary(self, now)
-
-
-def _seq_of(replica_id: str) -> int:
-    """The sequence number in "app#deployment#N"; -1 for a name not made here."""
-    tail = replica_id.rpartition("#")[2]
-    return int(tail) if tail.isdigit() else -1
