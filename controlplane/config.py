@@ -122,11 +122,13 @@ class BackpressureConfig(BaseModel):
     retry_after_s: PosFloat | None = Field(
         None, description="Retry-After hint in seconds (rounded up when sent); None sends none."
     )
-    retry_after_policy: Literal["static", "router_queue_drain_rate", "queue_drain_rate"] = Field(
-        "static", description="How Retry-After is chosen: the static retry_after_s, or computed "
-        "from the rejecting router's queue depth and drain rate (seed 002), falling back to "
-        "retry_after_s and then to no header. queue_drain_rate (upstream Ray Serve's name) "
-        "is the same policy as router_queue_drain_rate.")
+    retry_after_policy: Literal["static", "router_queue_drain_rate", "queue_drain_rate",
+                                "arrival_aware"] = Field(
+        "static", description="How Retry-After is chosen: the static retry_after_s; computed "
+        "from the rejecting router's queue depth and drain rate (router_queue_drain_rate, "
+        "seed 002; queue_drain_rate is upstream Ray Serve's name for it); or arrival_aware: "
+        "each rejected client booked a future second with room left by the arrivals "
+        "(issue 14). Both computed policies fall back to retry_after_s, then to no header.")
 
     @field_validator("retry_after_policy")
     @classmethod

@@ -1,6 +1,7 @@
 """The ``Retry-After`` value a router sends with a backpressure rejection.
 
-Owns the two policies of seed 002 ("Computed Retry-After for backpressure rejections"):
+Owns the two policies of seed 002 ("Computed Retry-After for backpressure rejections"),
+and issue 14's ``arrival_aware`` (below: ``RetrySchedule``):
 
 - ``static``: the operator's ``retry_after_s``, rounded up, or no header.
 - ``router_queue_drain_rate``: ``ceil(own_queue_depth / drain_rate * saturation_factor)``,
@@ -22,7 +23,7 @@ import math
 import random
 from typing import Literal, get_args
 
-RetryAfterPolicy = Literal["static", "router_queue_drain_rate"]
+RetryAfterPolicy = Literal["static", "router_queue_drain_rate", "arrival_aware"]
 POLICIES: tuple[str, ...] = get_args(RetryAfterPolicy)
 
 # Seed 002's implementation constants: the factor is bounded to [1, 1.5].
@@ -156,11 +157,92 @@ def compute_retry_after_s(queue_depth: int, estimator: DrainRateEstimator, occup
     return min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, math.ceil(jittered)))
 
 
+# ---- issue 14: arrival_aware -------------------------------------------------------
+# A Retry-After that books each rejected client a future second with room for it.
+#
+# Why: seed 002's ``router_queue_drain_rate`` estimates when *this queue* drains and tells
+# every rejected client about the same small number, so under sustained overload they all
+# come back into the same full queue. Here the router also knows its arrival rate, and it
+# remembers how many retries it has already sent to each of the next 60 seconds:
+#
+# - the room a second has for retries is what the drain rate leaves after the fresh
+#   arrivals expected in it (arrivals minus the retries already due then), never less than
+#   ``MIN_SPARE_FRACTION`` of the drain rate, so some retries are always placed;
+# - a rejected client gets the first second, from when its place in the queue would have
+#   come up (queue depth / drain rate, jittered), whose booked retries are below that room;
+# - when every second up to the 60 s clamp is booked, it is told 60: "later", honestly.
+#
+# Seed 002's invariants hold for it too: pure, O(1) (at most 61 slots per rejection), no
+# RPC, no lock, never raises, the same fallback ladder while the drain rate is cold.
+
+MIN_SPARE_FRACTION = 0.25  # of the drain rate: room always left for retries, per second
+
+
+class RetrySchedule:
+    """Retries promised to each of the next ``MAX_RETRY_AFTER_S`` seconds (a ring)."""
+
+    def __init__(self) -> None:
+        self._slots = [0] * (MAX_RETRY_AFTER_S + 1)
+        self._base: int | None = None  # the absolute second slot 0 stands for
+
+    def _roll(self, now: float) -> int:
+        second = math.floor(now)
+        if self._base is None or second - self._base > MAX_RETRY_AFTER_S:
+            self._slots = [0] * (MAX_RETRY_AFTER_S + 1)
+        else:
+            for _ in range(second - self._base):  # at most 61: seconds that passed
+                self._slots.pop(0)
+                self._slots.append(0)
+        self._base = second
+        return second
+
+    def due_now(self, now: float) -> int:
+        """Retries told to come back in the current second."""
+        self._roll(now)
+        return self._slots[0]
+
+    def book(self, now: float, earliest_s: int, room: float) -> int:
+        """The first delay >= ``earliest_s`` whose second has fewer than ``room`` retries
+        booked, booked; the clamp when none has."""
+        self._roll(now)
+        for delay in range(max(earliest_s, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S + 1):
+            if self._slots[delay] < room:
+                self._slots[delay] += 1
+                return delay
+        self._slots[MAX_RETRY_AFTER_S] += 1
+        return MAX_RETRY_AFTER_S
+
+
+def arrival_aware_retry_after_s(queue_depth: int, drain: DrainRateEstimator,
+                                arrivals: DrainRateEstimator, schedule: RetrySchedule,
+                                static_s: float | None, rng: random.Random,
+                                now: float) -> int | None:
+    rate = drain.rate_per_s(now)
+    if rate is None or not rate > 0 or not math.isfinite(rate):
+        return static_retry_after_s(static_s)
+    arriving = arrivals.rate_per_s(now) or 0.0
+    fresh = max(0.0, arriving - schedule.due_now(now)) if math.isfinite(arriving) else rate
+    room = max(rate - fresh, MIN_SPARE_FRACTION * rate)
+    wait = max(queue_depth, 0) / rate * rng.uniform(1 - JITTER_FRACTION, 1 + JITTER_FRACTION)
+    earliest = min(MAX_RETRY_AFTER_S, math.ceil(wait)) if math.isfinite(wait) else \
+        MAX_RETRY_AFTER_S
+    return schedule.book(now, earliest, room)
+
+
 def retry_after_s(policy: RetryAfterPolicy, queue_depth: int, estimator: DrainRateEstimator,
                   occupancy: float, backoff_streak: int, static_s: float | None,
-                  rng: random.Random, now: float) -> int | None:
-    """The value for ``policy``; the rejection path's single entry point."""
-    if policy == "router_queue_drain_rate":
-        return compute_retry_after_s(queue_depth, estimator, occupancy, backoff_streak,
-                                     static_s, rng, now)
+                  rng: random.Random, now: float, arrivals: DrainRateEstimator | None = None,
+                  schedule: RetrySchedule | None = None) -> int | None:
+    """The value for ``policy``; the rejection path's single entry point. Never raises:
+    an estimator in a state nobody foresaw downgrades to the static value."""
+    try:
+        if policy == "router_queue_drain_rate":
+            return compute_retry_after_s(queue_depth, estimator, occupancy, backoff_streak,
+                                         static_s, rng, now)
+        if policy == "arrival_aware" and arrivals is not None and schedule is not None:
+            return arrival_aware_retry_after_s(queue_depth, estimator, arrivals, schedule,
+                                               static_s, rng, now)
+    except Exception:  # the rejection path must answer, whatever the estimators hold
+        pass
     return static_retry_after_s(static_s)
+

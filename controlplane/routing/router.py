@@ -42,7 +42,7 @@ from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
 from controlplane.routing.placement import choose_replica, sample_candidates
 from controlplane.routing.queue_len_cache import QueueLenCache
-from controlplane.routing.retry_after import DrainRateEstimator, retry_after_s
+from controlplane.routing.retry_after import DrainRateEstimator, RetrySchedule, retry_after_s
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import ReplicaTransport
 from controlplane.settings import RouterSettings
@@ -83,6 +83,8 @@ class Router:
         self._waiters: deque[asyncio.Future[ReplicaInfo]] = deque()  # may hold cancelled
         self._queued = 0  # live waiters: the admission count
         self._drain = DrainRateEstimator()
+        self._arrivals = DrainRateEstimator()  # every request reaching this router
+        self._retries = RetrySchedule()  # retries promised per second (arrival_aware)
         self._backoff: asyncio.TimerHandle | None = None
         self._backoff_streak = 0  # backoffs since a waiter last got a slot
         self._probes: set[asyncio.Task] = set()
@@ -177,6 +179,7 @@ class Router:
     async def _wait_slot(self, model_id: str = "") -> ReplicaInfo:
         if self._closed is not None:
             raise RouterClosedError(self._config.deployment, self._closed)
+        self._arrivals.record_assignment(self._clock.monotonic())
         if self._queued == 0:  # FIFO: nobody overtakes a waiter
             replica = self._try_place(hint=None, among=self._holders.get(model_id))
             if replica is not None:
@@ -221,7 +224,8 @@ class Router:
             config.retry_after_policy, queue_depth=self._queued, estimator=self._drain,
             occupancy=self._cache.occupancy(config.max_ongoing_requests),
             backoff_streak=self._backoff_streak, static_s=config.retry_after_s,
-            rng=self._rng, now=self._clock.monotonic())
+            rng=self._rng, now=self._clock.monotonic(), arrivals=self._arrivals,
+            schedule=self._retries)
         self._rejected_total += 1
         self._last_retry_after_s = value
         hint = "" if value is None else f"; retry after {value} s"

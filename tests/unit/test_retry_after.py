@@ -158,3 +158,73 @@ def test_unknown_policy_names_the_field() -> None:
     assert check_policy("router_queue_drain_rate") == "router_queue_drain_rate"
     with pytest.raises(ValueError, match="backpressure_config.retry_after_policy.*'auto'"):
         check_policy("auto")
+
+
+# -- arrival_aware (issue 14) ---------------------------------------------------------------
+
+
+def aware(depth: int, drain: DrainRateEstimator, arrivals: DrainRateEstimator,
+          schedule, now: float, static_s: float | None = 5.0) -> int | None:
+    return retry_after_s("arrival_aware", depth, drain, 0.0, 0, static_s, FixedJitter(1.0),
+                         now, arrivals=arrivals, schedule=schedule)
+
+
+def test_arrival_aware_falls_back_while_the_drain_rate_is_cold() -> None:
+    from controlplane.routing.retry_after import RetrySchedule
+
+    cold = DrainRateEstimator()
+    assert aware(4, cold, warm(20), RetrySchedule(), T0 + 3) == 5
+    assert aware(4, cold, warm(20), RetrySchedule(), T0 + 3, static_s=None) is None
+
+
+def test_under_sustained_overload_retries_are_spread_and_then_told_later() -> None:
+    """Drain 4/s, arrivals 20/s: the room per second is the floor (1 of 4), so rejected
+    clients are spread one per second from when their queue place comes up, and once
+    every second to the clamp is booked they are told 60."""
+    from controlplane.routing.retry_after import RetrySchedule
+
+    drain, arrivals, schedule = warm(4), warm(20), RetrySchedule()
+    now = T0 + 3.0
+    values = [aware(4, drain, arrivals, schedule, now) for _ in range(80)]
+    assert values[:3] == [1, 2, 3]  # 4 queued / 4 per s: from 1 s on, one per second
+    assert values[:60] == list(range(1, 61))
+    assert set(values[60:]) == {60}  # full to the clamp: "later"
+
+
+def test_with_room_left_by_the_arrivals_several_retries_share_a_second() -> None:
+    from controlplane.routing.retry_after import RetrySchedule
+
+    drain, arrivals, schedule = warm(8), warm(2), RetrySchedule()  # 6/s of room
+    values = [aware(8, drain, arrivals, schedule, T0 + 3.0) for _ in range(12)]
+    assert values == [1] * 6 + [2] * 6
+
+
+def test_booked_seconds_move_with_time() -> None:
+    from controlplane.routing.retry_after import RetrySchedule
+
+    drain, arrivals, schedule = warm(4), warm(20), RetrySchedule()
+    assert [aware(0, drain, arrivals, schedule, T0 + 3.0) for _ in range(3)] == [1, 2, 3]
+    # Two seconds later, what was booked at +3 is now at +1: the next is past it.
+    assert aware(0, drain, arrivals, schedule, T0 + 5.0) == 2
+
+
+class Broken(DrainRateEstimator):
+    def __init__(self, value) -> None:
+        super().__init__()
+        self.value = value
+
+    def rate_per_s(self, now: float):
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+@pytest.mark.parametrize("drain, arriving", [
+    (float("nan"), 3.0), (float("inf"), 3.0), (0.0, 3.0), (-2.0, 3.0),
+    (4.0, float("nan")), (4.0, float("inf")), (4.0, -5.0), (RuntimeError("bug"), 3.0),
+    (4.0, RuntimeError("bug")), (1e-300, 3.0)])
+def test_the_rejection_path_never_raises_whatever_the_estimators_hold(drain, arriving) -> None:
+    from controlplane.routing.retry_after import RetrySchedule
+
+    value = aware(10**9, Broken(drain), Broken(arriving), RetrySchedule(), T0)
+    assert value == 5 or 1 <= value <= 60
