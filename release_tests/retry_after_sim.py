@@ -1,0 +1,366 @@
+"""Open-loop clients against fleetplane's real ``Router``, in virtual time (issue 14).
+
+One run drives one load shape through one Retry-After policy: ``routers`` real
+``controlplane.routing.router.Router`` objects share ``SimReplicas`` (the replicas as the
+real one behaves: a FIFO semaphore of ``max_ongoing`` slots, a fixed handler time, probes
+answering ongoing + queued without taking a slot, a 1 ms network hop each way, as in
+``tests/unit/test_router_overload.py``). Every first arrival picks a router at random, as
+behind several proxies; so does every retry. Ray Serve itself is not simulated.
+
+A fixed handler time makes completions periodic (every 0.25 s with 2 slots of 0.5 s), and
+an integer Retry-After brings a retry back at the point of that cycle where it was
+rejected, late in it, where it tends to be rejected again; real handlers drift and break
+this. ``handler_jitter`` (each handler time x U(1 - j, 1 + j)) models the drift. It
+matters under sustained overload (static 5 s, retries admitted, median of 3 runs:
+const2x 11% fixed, 17% at j = 0.05, 23% at j = 0.1) less at capacity (poisson1x 66%,
+72%, 68%).
+
+Clients honour the Retry-After of a rejection (``BackpressureError.retry_after_s``; 1 s
+when the rejection has none): mode ``once`` retries once, mode ``until`` retries until
+admitted, giving up when the next attempt would start more than ``give_up_after_s`` after
+the first arrival.
+
+Timeline, from 0: ``warmup_s`` of the shape's opening load (so the window starts in steady
+state: the drain-rate EWMA is warm and the retries of earlier requests arrive in it, as
+they would in production), then the measured window of ``duration_s``, then the shape's
+closing load for as long as a request that first arrived in the window still retries: a
+retry after the window meets the load it would meet in a longer run, not an empty replica.
+Only requests that first arrived in the window are measured; idle capacity and goodput
+are the replicas' work inside the window.
+
+The loop is ``tests.unit.virtual_time``'s: time jumps to the next timer, so a simulated
+minute costs milliseconds. Deterministic for a seed: every random choice comes from an rng
+seeded from it (arrivals, the router split, each router's own rng, handler times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from controlplane.clock import FakeClock
+from controlplane.errors import BackpressureError
+from controlplane.routing.router import Router
+from controlplane.routing.routing_config import RoutingConfig
+from controlplane.wire import ReplicaInfo
+from release_tests.scale import percentile
+from tests.unit.virtual_time import run_virtual
+
+DEPLOYMENT = "app/model"
+NO_HEADER_RETRY_S = 1.0  # a rejection without Retry-After: the client waits 1 s
+# A 0 s Retry-After (static 0) would let an until-admitted client retry without time ever
+# passing; the client waits at least this long instead.
+MIN_RETRY_S = 0.001
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An open-loop load: ``multiple(t, duration_s)`` x capacity at ``t`` s from the start
+    of the measured window (negative in the warm-up, past ``duration_s`` after it)."""
+
+    name: str
+    poisson: bool  # False: one arrival in each 1 / rate slot (see arrival_times)
+    peak: float  # the largest multiple, for thinning
+    multiple: Callable[[float, float], float]
+    description: str
+
+
+def _burst(t: float, duration_s: float) -> float:
+    return 10.0 if 0.0 <= t < 5.0 else 0.5
+
+
+def _ramp(t: float, duration_s: float) -> float:
+    """0.5x -> 3x at mid-window -> 0.5x, linear; 0.5x outside the window."""
+    half = duration_s / 2
+    if t <= 0.0 or t >= duration_s:
+        return 0.5
+    return 0.5 + 2.5 * (t / half if t <= half else (duration_s - t) / half)
+
+
+SHAPES: dict[str, Shape] = {s.name: s for s in (
+    Shape("const2x", False, 2.0, lambda t, d: 2.0, "2x capacity, one arrival per 1/rate slot"),
+    Shape("const5x", False, 5.0, lambda t, d: 5.0, "5x capacity, one arrival per 1/rate slot"),
+    Shape("poisson1x", True, 1.0, lambda t, d: 1.0, "Poisson at capacity"),
+    Shape("burst", True, 10.0, _burst, "Poisson, 0.5x; 10x for the window's first 5 s"),
+    Shape("ramp", True, 3.0, _ramp, "Poisson, 0.5x -> 3x at mid-window -> 0.5x"),
+)}
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    """One row of the results: a policy with the static value it is configured with (the
+    value itself for ``static``, the fallback for a computed policy)."""
+
+    label: str
+    policy: str
+    retry_after_s: float | None
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    replicas: int = 1
+    max_ongoing: int = 2
+    max_queued: int = 4
+    handler_s: float = 0.5
+    handler_jitter: float = 0.0  # each handler time is handler_s x U(1 - j, 1 + j)
+    status_code: int = 429
+    routers: int = 1
+    mode: str = "once"  # "once" or "until"
+    # The window must meet the retries of requests that arrived before it: at least the
+    # longest Retry-After (60 s, the clamp) or until-mode life (60 s), plus the
+    # drain-rate EWMA's warm-up. With 10 s, a policy answering "60" was measured on a
+    # window that never saw its own retries (const2x first tries rejected: 53% instead
+    # of the steady state's ~67%).
+    warmup_s: float = 70.0
+    duration_s: float = 60.0
+    give_up_after_s: float = 60.0  # mode "until": from the first arrival
+    hop_s: float = 0.001
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("once", "until"):
+            raise ValueError(f"mode must be 'once' or 'until', got {self.mode!r}")
+
+    @property
+    def capacity_per_s(self) -> float:
+        return self.replicas * self.max_ongoing / self.handler_s
+
+    @property
+    def window(self) -> tuple[float, float]:
+        return self.warmup_s, self.warmup_s + self.duration_s
+
+
+def arrival_times(shape: Shape, config: SimConfig, rng: random.Random) -> Iterator[float]:
+    """First arrivals from 0, endless (the caller stops when it has seen enough).
+
+    Poisson shapes by thinning a process at the peak rate (Lewis and Shedler, 1979).
+    Constant shapes are stratified: one arrival at a uniformly random point of each
+    ``1 / rate`` slot, so the rate is exact over any second. With exact spacing every
+    retry after an integer Retry-After would tie with a first arrival (the spacing divides
+    1 s), and the loop's tie order, not the policy, would decide who takes a free queue
+    place (retries admitted at 5x, static 5 s: 18% with exact spacing, 6% stratified)."""
+    capacity, start, duration = config.capacity_per_s, config.warmup_s, config.duration_s
+    t = 0.0
+    if not shape.poisson:
+        while True:  # one arrival at a random point of each 1 / rate slot
+            spacing = 1.0 / (capacity * shape.multiple(t - start, duration))
+            yield t + rng.uniform(0.0, spacing)
+            t += spacing
+    while True:
+        t += rng.expovariate(capacity * shape.peak)
+        if rng.random() * shape.peak < shape.multiple(t - start, duration):
+            yield t
+
+
+def seeded_arrivals(shape: Shape, config: SimConfig, seed: int) -> Iterator[float]:
+    """The arrivals of run ``seed``: the same for every policy, so policies meet the same
+    load."""
+    return arrival_times(shape, config, random.Random(f"{seed}/arrivals/{shape.name}"))
+
+
+class SimReplicas:
+    """The replicas every router shares; a ``ReplicaTransport`` (send and probe)."""
+
+    def __init__(self, clock: FakeClock, config: SimConfig, rng: random.Random) -> None:
+        self._clock = clock
+        self._config = config
+        self._rng = rng
+        self._sems = {f"r{i}": asyncio.Semaphore(config.max_ongoing)
+                      for i in range(config.replicas)}
+        self.load: Counter[str] = Counter()  # ongoing + queued at the replica, per replica
+        self.busy_slot_s = 0.0  # slot-seconds of handler time inside the window
+        self.completed_in_window = 0
+        self.completed: set[Any] = set()  # request ids whose handler finished
+        self.started = 0  # requests that reached a replica
+        self.cancelled = 0  # of those, cancelled (only when the run is torn down)
+
+    def infos(self) -> list[ReplicaInfo]:
+        return [ReplicaInfo(rid, f"fleetplane_replica::{rid}") for rid in self._sems]
+
+    async def send(self, replica: ReplicaInfo, request: Any) -> Any:
+        rid = replica.replica_id
+        await asyncio.sleep(self._config.hop_s)
+        self.started += 1
+        self.load[rid] += 1
+        try:
+            async with self._sems[rid]:
+                await self._handle(request)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.load[rid] -= 1
+        await asyncio.sleep(self._config.hop_s)
+        return request
+
+    async def _handle(self, request: Any) -> None:
+        start = self._clock.monotonic()
+        try:
+            await asyncio.sleep(self._handler_s())
+        finally:  # a handler cut short by the teardown was busy until then
+            end = self._clock.monotonic()
+            w0, w1 = self._config.window
+            self.busy_slot_s += max(0.0, min(end, w1) - max(start, w0))
+        self.completed.add(request)
+        if w0 <= end < w1:
+            self.completed_in_window += 1
+
+    def _handler_s(self) -> float:
+        jitter = self._config.handler_jitter
+        if not jitter:
+            return self._config.handler_s
+        return self._config.handler_s * self._rng.uniform(1 - jitter, 1 + jitter)
+
+    async def probe_queue_len(self, replica: ReplicaInfo, deadline_s: float) -> int:
+        await asyncio.sleep(self._config.hop_s)
+        answer = self.load[replica.replica_id]
+        await asyncio.sleep(self._config.hop_s)
+        return answer
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one measured request, as its client saw it."""
+
+    request_id: int
+    first_at: float
+    attempts: int
+    retry_afters: tuple[int | None, ...]  # the value of every rejection, in order
+    done_at: float | None  # completion of the admitted attempt; None: finally rejected
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcomes: tuple[Outcome, ...]
+    busy_slot_s: float
+    completed_in_window: int
+    completed_ids: frozenset
+    started: int
+    cancelled: int
+
+
+class Clients:
+    """Spawns one task per first arrival; records the measured ones' outcomes."""
+
+    def __init__(self, routers: list[Router], config: SimConfig, clock: FakeClock,
+                 rng: random.Random) -> None:
+        self._routers = routers
+        self._config = config
+        self._clock = clock
+        self._rng = rng
+        self.outcomes: list[Outcome] = []
+        self.measured: list[asyncio.Task] = []
+        self.background: set[asyncio.Task] = set()
+        self.window_closed = asyncio.Event()
+
+    async def drive(self, arrivals: Iterator[float]) -> None:
+        """Start a client at each arrival, forever (the run cancels it)."""
+        w0, w1 = self._config.window
+        loop = asyncio.get_running_loop()
+        for request_id, at in enumerate(arrivals):
+            await asyncio.sleep(at - self._clock.monotonic())
+            if at >= w1:
+                self.window_closed.set()
+            task = loop.create_task(self._client(request_id, w0 <= at < w1))
+            if w0 <= at < w1:
+                self.measured.append(task)
+            else:
+                self.background.add(task)
+                task.add_done_callback(self.background.discard)
+
+    def _router(self) -> Router:
+        if len(self._routers) == 1:
+            return self._routers[0]
+        return self._routers[self._rng.randrange(len(self._routers))]
+
+    async def _client(self, request_id: int, measured: bool) -> None:
+        first_at = self._clock.monotonic()
+        given: list[int | None] = []
+        done_at: float | None = None
+        while done_at is None:
+            try:
+                await self._router().assign(request_id)
+            except BackpressureError as e:
+                given.append(e.retry_after_s)
+                delay = NO_HEADER_RETRY_S if e.retry_after_s is None else e.retry_after_s
+                delay = max(MIN_RETRY_S, delay)
+                if not self._may_retry(len(given), first_at, delay):
+                    break
+                await asyncio.sleep(delay)
+            else:
+                done_at = self._clock.monotonic()
+        if measured:
+            attempts = len(given) + (done_at is not None)
+            self.outcomes.append(Outcome(request_id, first_at, attempts, tuple(given), done_at))
+
+    def _may_retry(self, rejections: int, first_at: float, delay: float) -> bool:
+        if self._config.mode == "once":
+            return rejections < 2
+        return self._clock.monotonic() + delay - first_at <= self._config.give_up_after_s
+
+
+def simulate(shape: Shape, row: PolicyRow, config: SimConfig, seed: int) -> RunResult:
+    """One run in virtual time; returns once every measured request has its outcome."""
+    clock = FakeClock(0.0)
+    return run_virtual(clock, lambda: _simulate(shape, row, config, seed, clock))
+
+
+async def _simulate(shape: Shape, row: PolicyRow, config: SimConfig, seed: int,
+                    clock: FakeClock) -> RunResult:
+    replicas = SimReplicas(clock, config, random.Random(f"{seed}/handler"))
+    routing = RoutingConfig(DEPLOYMENT, config.max_ongoing, config.max_queued,
+                            config.status_code, row.retry_after_s, row.policy)
+    routers = [Router(routing, replicas, clock, random.Random(f"{seed}/router/{i}"))
+               for i in range(config.routers)]
+    for router in routers:
+        router.update_replicas(replicas.infos())
+    clients = Clients(routers, config, clock, random.Random(f"{seed}/split"))
+    driver = asyncio.get_running_loop().create_task(
+        clients.drive(seeded_arrivals(shape, config, seed)))
+    await clients.window_closed.wait()
+    await asyncio.gather(*clients.measured)
+    # Teardown: the background load is no longer needed; nothing measured is cut short.
+    driver.cancel()
+    for task in clients.background:
+        task.cancel()
+    await asyncio.gather(driver, *clients.background, return_exceptions=True)
+    for router in routers:
+        router.close("the run ended")
+    return RunResult(tuple(sorted(clients.outcomes, key=lambda o: o.request_id)),
+                     replicas.busy_slot_s, replicas.completed_in_window,
+                     frozenset(replicas.completed), replicas.started, replicas.cancelled)
+
+
+def metrics(result: RunResult, config: SimConfig) -> dict[str, float | None]:
+    """The issue's measures of one run; None where a measure has no sample."""
+    outcomes = result.outcomes
+    rejected_first = [o for o in outcomes if o.retry_afters]
+    admitted = [o for o in outcomes if o.done_at is not None]
+    retried_in = [o for o in rejected_first if o.done_at is not None]
+    latencies = [o.done_at - o.first_at for o in admitted]
+    given = [v for o in outcomes for v in o.retry_afters if v is not None]
+    slot_s = config.replicas * config.max_ongoing * config.duration_s
+    return {
+        "arrivals": len(outcomes),
+        "first_try_rejected_pct": _pct(len(rejected_first), len(outcomes)),
+        "retries_admitted_pct": _pct(len(retried_in), len(rejected_first)),
+        "finally_rejected_pct": _pct(len(outcomes) - len(admitted), len(outcomes)),
+        # every attempt the measured requests made, over those admitted: the load a
+        # policy's advice generates per success (wasted attempts of clients that gave up
+        # included)
+        "attempts_per_admitted": (sum(o.attempts for o in outcomes) / len(admitted)
+                                  if admitted else None),
+        "idle_capacity_pct": 100.0 * (1.0 - result.busy_slot_s / slot_s),
+        "goodput_per_s": result.completed_in_window / config.duration_s,
+        "latency_p50_s": percentile(latencies, 50),
+        "latency_p99_s": percentile(latencies, 99),
+        "retry_after_p10_s": percentile(given, 10),
+        "retry_after_p50_s": percentile(given, 50),
+        "retry_after_p90_s": percentile(given, 90),
+    }
+
+
+def _pct(part: int, whole: int) -> float | None:
+    return 100.0 * part / whole if whole else None
