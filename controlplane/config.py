@@ -28,7 +28,6 @@ import logging
 import os
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
@@ -37,6 +36,7 @@ from controlplane.config_serve_compat import (
     ReplicasOrAuto, ServeApplicationFields, ServeAutoscalingFields, ServeControllerFields,
     ServeDeployFields, ServeDeploymentFields, ServeHTTPFields, accepted_fields, acted_on_dump,
     ignored_fields, resolve_auto, unset_fields)
+from controlplane.config_yaml import read_yaml_file
 from controlplane.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -401,7 +401,7 @@ def check_deployment_options(options: dict[str, Any], source: str) -> dict[str, 
 def load_deploy_config(path: str | os.PathLike, *, log_ignored: bool = True) -> DeployConfig:
     """Read and validate a YAML deploy config file (``log_ignored``: as parse_deploy_config)."""
     source = os.fsdecode(path)
-    data = _read_yaml(source)
+    data = read_yaml_file(source)
     if data is None:
         raise ConfigError(source, [f"{_ROOT}: config is empty; expected a mapping with 'applications'"])
     return parse_deploy_config(data, source, log_ignored=log_ignored)
@@ -411,27 +411,6 @@ def config_to_dict(cfg: DeployConfig) -> dict[str, Any]:
     """Plain JSON-ready data for checkpoints and actor calls; parses back to an equal config.
     Serve-only fields left unset are left out (``unset_fields``)."""
     return cfg.model_dump(mode="json", exclude_unset=False, exclude=unset_fields(cfg) or None)
-
-
-def _read_yaml(source: str) -> Any:
-    try:
-        with open(source, "rb") as stream:  # bytes: let YAML detect the encoding
-            return yaml.safe_load(stream)
-    except FileNotFoundError:
-        raise ConfigError(source, [f"{_FILE}: no such file: {source}"]) from None
-    except OSError as exc:
-        raise ConfigError(source, [f"{_FILE}: cannot read {source}: {exc.strerror or exc}"]) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, [f"{_FILE}: {_yaml_problem(exc)}"]) from exc
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    if mark is None:
-        return f"invalid YAML: {exc}"
-    what = "; ".join(p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p)
-    # Marks count from 0; editors count from 1.
-    return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {what or exc}"
 
 
 def _describe(err: Any, root: type[BaseModel] = DeployConfig) -> list[str]:

@@ -272,10 +272,9 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     checked = load_deploy_config(args.config, log_ignored=False)  # invalid: exit 2
     for warning in ignored_fields(checked):  # stderr: stdout is the manifest
         print(f"warning: {warning}", file=sys.stderr)
-    import yaml
+    from controlplane.config_yaml import read_yaml_file
 
-    with open(args.config) as f:
-        cfg = yaml.safe_load(f)  # the user's own file, not its normalized form
+    cfg = read_yaml_file(args.config)  # the user's own file, not its normalized form
     print(k8s.render_yaml(k8s.render(cfg, args.name, args.image or k8s.RAY_IMAGE,
                                      args.workers, args.gb10_workers)), end="")
     return EXIT_OK
