@@ -116,8 +116,9 @@ class DeploymentHealth:
                            via_heartbeat)
 
     def record_steady(self, replica_id: str, checked_at: float, received_at: float) -> bool:
-        """A healthy push (a batch row's fast path): acted on here if it is steady, as
-        ``record_values`` would; False, with nothing done, when it is not."""
+        """A healthy push acted on here if it is steady (see ``record_push``): its entry
+        advanced in place, its deadline moved; False, with nothing done, when it is not
+        (the tick then takes it)."""
         state = self._states.get(replica_id)
         if (state is None or state.failures or state.probe_started_at is not None
                 or state.push_received_at is None or received_at <= state.push_received_at
@@ -132,16 +133,11 @@ class DeploymentHealth:
     def record_values(self, replica_id: str, healthy: bool, checked_at: float, failures: int,
                       error: str, received_at: float, via_heartbeat: bool = False) -> None:
         """``record_push`` of a push's fields (a batch row: no ``PushedHealth`` built)."""
-        state = self._states.get(replica_id)
-        steady = (state is not None and healthy and state.failures == 0
-                  and state.probe_started_at is None and state.push_received_at is not None
-                  and received_at > state.push_received_at
-                  and (state.applied_probe_started_at is None
-                       or received_at > state.applied_probe_started_at))
-        if self.registry.record_values(replica_id, healthy, checked_at, failures, error,
-                                       received_at, via_heartbeat, not steady) and steady:
-            state.push_received_at = received_at
-            self._due.schedule(replica_id, received_at + self._stale_s)
+        if healthy and not via_heartbeat and self.record_steady(replica_id, checked_at,
+                                                                received_at):
+            return
+        self.registry.record_values(replica_id, healthy, checked_at, failures, error,
+                                    received_at, via_heartbeat)
 
     def watch(self, replica_id: str, now: float) -> None:
         """Start watching a replica that became serving: first visit one period out (the

@@ -21,7 +21,7 @@ Invariants:
   ``PRUNE_INTERVAL_S`` (seed 000 review fix: the over-threshold prune re-ran an O(N)
   rebuild on every record() once all entries were fresh).
 - A replica is in the dirty set iff its newest entry arrived after the last
-  ``take_dirty`` and the caller did not act on it at once (``record(dirty=False)``);
+  ``take_dirty`` and the caller did not act on it at once (``advance``);
   ``forget`` and pruning remove it from both.
 """
 
@@ -98,16 +98,15 @@ class HealthPushRegistry:
         self._retention_s = max(retention_s, DEFAULT_RETENTION_S)
 
     def record(self, replica_id: str, health: PushedHealth, received_at: float,
-               via_heartbeat: bool = False, dirty: bool = True) -> bool:
-        """Take one push; True when it became the replica's newest entry. ``dirty=False``:
-        the caller acts on it now, so the next tick is not offered it."""
+               via_heartbeat: bool = False) -> bool:
+        """Take one push; True when it became the replica's newest entry."""
         return self.record_values(replica_id, health.healthy, health.checked_at,
                                   health.consecutive_failures, health.error, received_at,
-                                  via_heartbeat, dirty)
+                                  via_heartbeat)
 
     def record_values(self, replica_id: str, healthy: bool, checked_at: float,
                       failures: int, error: str, received_at: float,
-                      via_heartbeat: bool = False, dirty: bool = True) -> bool:
+                      via_heartbeat: bool = False) -> bool:
         """``record`` of a push's fields (a batch row carries no ``PushedHealth``)."""
         totals = self._totals
         totals.pushes_total += 1
@@ -127,8 +126,7 @@ class HealthPushRegistry:
             totals.intervals.record(max(0.0, received_at - old.received_at), received_at)
             old.healthy, old.checked_at, old.consecutive_failures = healthy, checked_at, failures
             old.error, old.received_at = error, received_at
-        if dirty:
-            self._dirty[replica_id] = None
+        self._dirty[replica_id] = None
         return True
 
     def advance(self, replica_id: str, checked_at: float, received_at: float) -> bool:
