@@ -249,8 +249,8 @@ def report_row(report: MetricReport) -> ReportRow:
 
 
 def row_report(row: ReportRow) -> MetricReport:
-    """The report a row carries (the shard's slow path and tests; the fast path reads
-    the tuple directly)."""
+    """The report a row carries: ``report_row``'s inverse (the shard reads rows as
+    tuples; this is for tools and tests)."""
     replica_id, ongoing, queued, healthy, checked_at, failures, error = row
     health = None if healthy is None else PushedHealth(healthy, checked_at, failures, error)
     return MetricReport(replica_id, ongoing, queued, health)
