@@ -44,9 +44,11 @@ def test_every_node_serves_and_the_listeners_follow_nodes_joining_and_leaving(cl
     client = cluster.client
     cluster.deploy(app("spread", num_replicas=3))
     ips = [HEAD_IP, "127.0.0.3", "127.0.0.4"]
-    status = wait_for(client, lambda s: running("spread", 3)(s) and all(
+    wait_for(client, lambda s: running("spread", 3)(s) and all(
         listener_ready(ip)(s) for ip in ips), what="3 replicas and a listener per node")
-    assert len({r["node_id"] for r in replicas_of(status, "spread")}) >= 2  # SPREAD
+    # Where the replicas land is Ray's best-effort SPREAD (a per-raylet round robin that
+    # other leases interleave with), so it is not asserted here: a unit test pins that
+    # replicas ask for SPREAD (test_replica_client_protocol).
     for ip in ips:
         serves(f"{cluster.url(ip)}/spread")
     with extra_node(cluster) as (node, ip, node_id):

@@ -31,3 +31,36 @@ def test_the_protocol_declares_the_shards_calls() -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_a_client_implements_the_method_as_declared(client: type, method: str) -> None:
     assert _shape(getattr(client, method)) == _shape(getattr(ReplicaClient, method))
+
+
+class _RecordingActorClass:
+    """Stands in for ``ray.remote(ReplicaActor)``: records the options of each create."""
+
+    def __init__(self) -> None:
+        self.options_seen: list[dict] = []
+
+    def options(self, **options):
+        self.options_seen.append(options)
+        return self
+
+    def remote(self, init):
+        return init
+
+
+def _create_with(ray_actor_options: dict) -> dict:
+    from controlplane.wire import ReplicaInit
+    from tests.unit.shard_harness import make_spec
+
+    client = RayReplicaClient.__new__(RayReplicaClient)
+    client._namespace, client._actor_cls = "ns", _RecordingActorClass()
+    init = ReplicaInit("app#model#r1", "app", "model", b"", None, 0, 5, "shard_0", "ns", 1.0)
+    client.create(init, make_spec(ray_actor_options=ray_actor_options))
+    return client._actor_cls.options_seen[0]
+
+
+def test_replicas_are_spread_across_nodes_unless_the_user_places_them() -> None:
+    # Ray's SPREAD is best effort (a raylet's round robin), so the multi-node tests do not
+    # assert where replicas land; this pins that fleetplane asks for it.
+    assert _create_with({"num_cpus": 0})["scheduling_strategy"] == "SPREAD"
+    assert _create_with({"num_cpus": 0, "scheduling_strategy": "DEFAULT"})[
+        "scheduling_strategy"] == "DEFAULT"
