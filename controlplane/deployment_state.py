@@ -104,6 +104,8 @@ class DeploymentState(ReplicaOutcomes):
         self.target_replicas = spec.num_replicas
         self.routing = DeploymentRouting()
         self.plans_from_counts = 0  # ticks planned in O(1) (tests count them)
+        self._counted_plan = False  # the last plan came from counts (cheap to redo)
+        self.more_now = False  # a slice left planned transitions for the next one
         self._drains: dict[str, float] = {}  # draining node -> its deadline (shard clock)
         self._drain_due = float("inf")  # when the next leaving replica must go
         self._recent: deque[tuple[float, str]] = deque()  # (started at, id), oldest first
@@ -171,8 +173,7 @@ class DeploymentState(ReplicaOutcomes):
         if self._policy is not None and now >= self._next_autoscale_at:
             self._autoscale(now)
         if self._dirty:
-            self._dirty = False
-            self._act(self._plan(now), now)
+            self._act_slice(now)
         if self.rollout.rolling and self._on_target and now >= self._proving_until:
             self.rollout = self.rollout.settled()  # proven: later failures are ordinary
             self._proving.clear()
@@ -180,6 +181,26 @@ class DeploymentState(ReplicaOutcomes):
         for replica_id, _old, new in run_consistency_pass(self.rank_gate, self.ranks,
                                                           self.replicas, now):
             self._set_rank(replica_id, new)
+
+    def _act_slice(self, now: float) -> None:
+        """Plan and act, at most ``transitions_per_slice`` actions of a plan from counts;
+        the rest waits for ``continue_slice`` (the shard calls it once the loop has run
+        other work). A full plan (rare: deletion, drains) is carried out whole, since
+        re-planning it costs a snapshot of every replica."""
+        self._dirty = False
+        actions = self._plan(now)
+        limit = self.settings.transitions_per_slice
+        self.more_now = bool(limit) and len(actions) > limit and self._counted_plan
+        if self.more_now:
+            actions = actions[:limit]
+            self._dirty = True  # re-planned from counts by the next slice
+        self._act(actions, now)
+
+    def continue_slice(self, now: float) -> None:
+        """The next slice of a plan cut short by ``_act_slice``."""
+        self.more_now = False
+        if self._dirty and not self.adopting:
+            self._act_slice(now)
 
     def set_node_drains(self, drains: dict[str, float]) -> None:
         """The draining nodes and their deadlines: replicas there are replaced elsewhere,
@@ -209,7 +230,9 @@ class DeploymentState(ReplicaOutcomes):
             actions, self._on_target = fast
             self._drain_due = float("inf")
             self.plans_from_counts += 1
+            self._counted_plan = True
             return actions
+        self._counted_plan = False
         snapshot = self.snapshot(now)
         self._on_target = all(r.version == snapshot.target_version for r in
                               snapshot.replicas if r.state in ACTIVE_STATES)

@@ -24,7 +24,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from controlplane.lifecycle import (
     SERVING_STATES,
@@ -36,10 +36,13 @@ from controlplane.lifecycle import (
 from controlplane.rank_index import RunningRankIndex
 
 _MOD = 2**64
+RUNNING = ReplicaState.RUNNING
 
 
-@dataclass(frozen=True)
-class ReplicaRecord:
+class ReplicaRecord(NamedTuple):
+    """Immutable; a NamedTuple rather than a frozen dataclass because one is made per
+    transition and a tuple is built ~2.5x faster (issue 16)."""
+
     replica_id: str
     state: ReplicaState
     version: str  # code version the replica runs
@@ -52,16 +55,21 @@ class ReplicaRecord:
     http_address: str | None = None  # its direct ingress (haproxy mode), once started
 
     def with_state(self, state: ReplicaState, **changes: object) -> ReplicaRecord:
-        fields = {"replica_id": self.replica_id, "version": self.version, "rank": self.rank,
-                  "actor_name": self.actor_name, "actor_id": self.actor_id,
-                  "node_id": self.node_id, "started_at": self.started_at,
-                  "message": self.message, "http_address": self.http_address}
-        fields.update(changes)  # the constructor, not dataclasses.replace: 3x cheaper
-        return ReplicaRecord(state=state, **fields)
+        return self._replace(state=state, **changes)
 
 
 def _membership_term(record: ReplicaRecord) -> int:
-    return hash((record.replica_id, record.state.value))
+    return hash((record.replica_id, record.state._value_))  # ``.value``: a slow descriptor
+
+
+def _bump(counts: dict, key: object, by: int) -> int:
+    """``counts[key] += by``, dropping a key that reaches 0; the new count."""
+    n = counts.get(key, 0) + by
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]
+    return n
 
 
 def _serving_term(record: ReplicaRecord) -> int:
@@ -84,8 +92,8 @@ class ReplicaSet:
         # Serving records that changed since the last ``take_serving_changes`` (None: it
         # left the serving states): routing's deltas, O(changes) (issue 13).
         self._serving_changes: dict[str, ReplicaRecord | None] = {}
-        self._versions: Counter[str] = Counter()  # code version -> records running it
-        self._state_versions: Counter[tuple[ReplicaState, str]] = Counter()
+        self._versions: dict[str, int] = {}  # code version -> records running it
+        self._state_versions: dict[tuple[ReplicaState, str], int] = {}
         self._seq = 0  # insertions so far: a record's latest one orders the records
         self._insert_seq: dict[str, int] = {}
         self._ranked = RunningRankIndex(self._live_entry)
@@ -124,35 +132,33 @@ class ReplicaSet:
         return new
 
     def _insert(self, record: ReplicaRecord) -> None:
-        self._records[record.replica_id] = record
-        self._buckets[record.state][record.replica_id] = record
-        self._versions[record.version] += 1
-        self._state_versions[record.state, record.version] += 1
+        # Plain dicts and locals: this and ``_discard`` run on every transition (issue 16).
+        rid, state, version = record.replica_id, record.state, record.version
+        self._records[rid] = record
+        self._buckets[state][rid] = record
+        _bump(self._versions, version, 1)
+        key = (state, version)
+        in_key = _bump(self._state_versions, key, 1)
         self._seq += 1
-        self._insert_seq[record.replica_id] = self._seq
-        if record.state == ReplicaState.RUNNING:
-            self._ranked.push(record.version, record.rank, self._seq, record.replica_id,
-                              self._state_versions[ReplicaState.RUNNING, record.version])
+        self._insert_seq[rid] = self._seq
+        if state is RUNNING:
+            self._ranked.push(version, record.rank, self._seq, rid, in_key)
         self._fingerprint = (self._fingerprint + _membership_term(record)) % _MOD
-        if record.state in SERVING_STATES:
+        if state in SERVING_STATES:
             self._serving_fingerprint = (self._serving_fingerprint + _serving_term(record)) % _MOD
-            self._serving_changes[record.replica_id] = record
+            self._serving_changes[rid] = record
 
     def _discard(self, record: ReplicaRecord) -> None:
-        del self._records[record.replica_id]
-        del self._buckets[record.state][record.replica_id]
-        self._versions[record.version] -= 1
-        if not self._versions[record.version]:
-            del self._versions[record.version]
-        key = (record.state, record.version)
-        self._state_versions[key] -= 1
-        if not self._state_versions[key]:
-            del self._state_versions[key]
-        del self._insert_seq[record.replica_id]
+        rid, state = record.replica_id, record.state
+        del self._records[rid]
+        del self._buckets[state][rid]
+        _bump(self._versions, record.version, -1)
+        _bump(self._state_versions, (state, record.version), -1)
+        del self._insert_seq[rid]
         self._fingerprint = (self._fingerprint - _membership_term(record)) % _MOD
-        if record.state in SERVING_STATES:
+        if state in SERVING_STATES:
             self._serving_fingerprint = (self._serving_fingerprint - _serving_term(record)) % _MOD
-            self._serving_changes[record.replica_id] = None
+            self._serving_changes[rid] = None
 
     # -- reads ------------------------------------------------------------------------
 

@@ -41,6 +41,11 @@ class ShardSettings:
     # Starts in flight per deployment (0: no bound): a scale-up to 32K asks Ray for this
     # many actors at once and starts the next as each one is RUNNING (issue 16).
     max_starting_replicas: int = 512
+    # Starts and stops carried out per slice of the loop (0: no bound). A tick that plans
+    # more (a scale-up or rollout of thousands) does this many, then yields the event loop
+    # (reports, probes, routing polls run) and does the next slice at once: the loop is
+    # never blocked for a whole rollout step, and the rollout is not slowed (issue 13).
+    transitions_per_slice: int = 32
     # A new-version replica whose health checks start failing within this many health
     # periods of starting (declared unhealthy at unhealthy_threshold) rolls the rollout back.
     rollout_proving_periods: float = 3.0

@@ -66,6 +66,9 @@ class ShardCore:
         self._drains: dict[str, float] = {}  # draining node -> deadline (this clock)
         self.ticks = 0
         self.last_tick_s = 0.0
+        self._slice: asyncio.Handle | None = None  # the next slice, when one is due
+        self.slices = 0  # slices run after ticks (a big plan's remainder)
+        self.longest_slice_s = 0.0  # since the last reset (release_tests.scale reads it)
 
     def _spawn(self, coro: Coroutine) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -135,13 +138,42 @@ class ShardCore:
                 self._tick_backoffs.pop(dep_id, None)
                 self.routing.remove(str(dep_id))
                 continue
-            update = state.routing_update()
-            if isinstance(update, RoutingDelta):
-                self.routing.publish_delta(str(dep_id), update, apply_routing_delta)
-            elif update is not None:
-                self.routing.publish(str(dep_id), update)
+            self._publish(dep_id, state)
         self.ticks += 1
         self.last_tick_s = time.perf_counter() - started
+        self._schedule_slice()
+
+    def _publish(self, dep_id: DeploymentId, state: DeploymentState) -> None:
+        update = state.routing_update()
+        if isinstance(update, RoutingDelta):
+            self.routing.publish_delta(str(dep_id), update, apply_routing_delta)
+        elif update is not None:
+            self.routing.publish(str(dep_id), update)
+
+    # ---- slices: a big plan carried out a bounded piece at a time -------------------------
+    def _schedule_slice(self) -> None:
+        """Another slice right after the loop's ready work, if a deployment left planned
+        transitions (``ShardSettings.transitions_per_slice``)."""
+        if self._slice is None and any(s.more_now for s in self._deployments.values()):
+            self._slice = asyncio.get_running_loop().call_soon(self._run_slice)
+
+    def _run_slice(self) -> None:
+        self._slice = None
+        started = time.perf_counter()
+        now = self._clock.monotonic()
+        for dep_id, state in list(self._deployments.items()):
+            if not state.more_now:
+                continue
+            try:
+                state.continue_slice(now)
+            except Exception as e:  # as a failed tick: counted, logged, backed off
+                state.more_now = False
+                self._tick_failed(dep_id, self._tick_backoffs.get(dep_id, _TICK_BACKOFF), e, now)
+                continue
+            self._publish(dep_id, state)
+        self.slices += 1
+        self.longest_slice_s = max(self.longest_slice_s, time.perf_counter() - started)
+        self._schedule_slice()
 
     def _tick_deployment(self, dep_id: DeploymentId, state: DeploymentState, now: float) -> bool:
         """Tick one deployment unless it is backing off; False when its tick raised."""

@@ -13,6 +13,7 @@ timings, ``user_config``: see ``config_rollout``) stay the target's.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from controlplane.specs import DeploymentSpec
 
@@ -32,7 +33,7 @@ class VersionRollout:
         """A new version is on its way in and can still roll back."""
         return not self.failed and self.fallback is not None
 
-    @property
+    @cached_property  # read several times per replica start (issue 16)
     def serving(self) -> DeploymentSpec:
         """The spec replicas are started with: the target's, with the fallback's code
         after a rollback."""
