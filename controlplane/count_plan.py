@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controlplane.lifecycle import ReplicaState
-from controlplane.reconcile import Action, StartReplica, StopReplica, starts_allowed
+from controlplane.reconcile import START, Action, StopReplica, starts_allowed
 from controlplane.replica_set import CountedMap, ReplicaSet
 
 STARTING, RUNNING, UPDATING = ReplicaState.STARTING, ReplicaState.RUNNING, ReplicaState.UPDATING
@@ -33,10 +33,12 @@ class CountTargets:
     starts_blocked: bool
 
 
-def plan_from_counts(rs: ReplicaSet, configs: CountedMap,
-                     t: CountTargets) -> tuple[list[Action], bool] | None:
+def plan_from_counts(rs: ReplicaSet, configs: CountedMap, t: CountTargets,
+                     cap: int = 0) -> tuple[list[Action], bool] | None:
     """``(actions, on_target)`` as ``plan`` gives them, or None where only it can say.
-    ``on_target``: every active replica runs the target code."""
+    ``on_target``: every active replica runs the target code. ``cap`` > 0: only the first
+    ``cap`` actions of that answer, each made in O(log N) (a slice of a scale-down of
+    thousands must not list them all)."""
     n = len(rs)
     if rs.count(UPDATING) or len(configs) != n or configs.count(t.config_version) != n:
         return None
@@ -46,20 +48,23 @@ def plan_from_counts(rs: ReplicaSet, configs: CountedMap,
     old_running = rs.count(RUNNING) - new_running
     old_starting = rs.count(STARTING) - new_starting
     missing = t.replicas - new
+    room = cap if cap > 0 else n + max(missing, 0) + 1  # more than any plan holds
     if missing < 0:
-        return _scale_down(rs, -missing, t) if not (old_running or old_starting) else None
+        return _scale_down(rs, min(-missing, room), t) \
+            if not (old_running or old_starting) else None
     actions: list[Action] = []
     if old_starting:
         actions += [StopReplica(r.replica_id, "outdated version")
-                    for r in rs.records_in(STARTING) if r.version != t.version]
+                    for r in rs.records_in(STARTING) if r.version != t.version][:room]
     if missing and not t.starts_blocked:
         if old_running:  # rolling update: bounded surge above the target
             missing = min(missing, max(t.replicas + t.surge - new - old_running, 0))
-        actions += [StartReplica() for _ in range(
-            starts_allowed(missing, rs.count(STARTING), t.max_starting))]
+        starts = starts_allowed(missing, rs.count(STARTING), t.max_starting)
+        actions += [START] * min(starts, room - len(actions))
     excess = new_running + old_running - t.replicas
     retire = old_running if t.replicas == 0 else min(old_running, max(excess, 0))
-    if retire:
+    retire = min(retire, room - len(actions))
+    if retire > 0:
         ids = rs.retire_first(t.version, retire)
         if ids is None:
             return None

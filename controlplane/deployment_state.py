@@ -225,7 +225,7 @@ class DeploymentState(ReplicaOutcomes):
         """This tick's actions: from counts where that answers exactly as the full plan
         would (a scale-up, a rolling code update, steady state: ``count_plan``), else
         ``plan`` over a snapshot of every replica."""
-        fast = self._plan_from_counts(now)
+        fast = self._plan_from_counts(now, cap=True)
         if fast is not None:
             actions, self._on_target = fast
             self._drain_due = float("inf")
@@ -238,14 +238,16 @@ class DeploymentState(ReplicaOutcomes):
                               snapshot.replicas if r.state in ACTIVE_STATES)
         return plan(snapshot)
 
-    def _plan_from_counts(self, now: float) -> tuple[list, bool] | None:
+    def _plan_from_counts(self, now: float, cap: bool = False) -> tuple[list, bool] | None:
+        """``cap``: one action more than a slice carries out, so it knows more are due."""
         if self.deleting or self._drains:
             return None
         return plan_from_counts(self.replicas, self._config_versions, CountTargets(
             replicas=self.target_replicas, version=self.rollout.serving.code_version,
             config_version=self.config.serving[1], surge=self._surge(),
             max_starting=self.settings.max_starting_replicas,
-            starts_blocked=self.backoff.blocked(now)))
+            starts_blocked=self.backoff.blocked(now)),
+            cap=limit + 1 if cap and (limit := self.settings.transitions_per_slice) else 0)
 
     def _surge(self) -> int:
         return max(1, int(self.settings.rolling_surge_fraction * self.target_replicas))

@@ -53,6 +53,9 @@ class StartReplica:
     pass
 
 
+START = StartReplica()  # fieldless and frozen: one instance serves every planned start
+
+
 @dataclass(frozen=True)
 class StopReplica:
     replica_id: str
@@ -101,7 +104,7 @@ def _scale_new(s: DeploymentSnapshot, new: list[ReplicaView],
         room = s.target_replicas + s.surge - len(new) - len(old_serving)
         missing = min(missing, max(room, 0))
     starting = sum(1 for r in s.replicas if r.state == ReplicaState.STARTING)
-    return [StartReplica() for _ in range(starts_allowed(missing, starting, s.max_starting))]
+    return [START] * starts_allowed(missing, starting, s.max_starting)
 
 
 def starts_allowed(missing: int, starting: int, max_starting: int) -> int:

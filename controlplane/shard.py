@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any, Coroutine
+from typing import Any, Callable, Coroutine
 
 from controlplane.clock import Clock, SystemClock
 from controlplane.deployment_state import DeploymentState
@@ -68,7 +68,8 @@ class ShardCore:
         self.last_tick_s = 0.0
         self._slice: asyncio.Handle | None = None  # the next slice, when one is due
         self.slices = 0  # slices run after ticks (a big plan's remainder)
-        self.longest_slice_s = 0.0  # since the last reset (release_tests.scale reads it)
+        self.longest_slice_s = 0.0  # since the last reset
+        self.slice_observer: Callable[[float], None] | None = None  # each slice's seconds
 
     def _spawn(self, coro: Coroutine) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -172,7 +173,10 @@ class ShardCore:
                 continue
             self._publish(dep_id, state)
         self.slices += 1
-        self.longest_slice_s = max(self.longest_slice_s, time.perf_counter() - started)
+        held_s = time.perf_counter() - started
+        self.longest_slice_s = max(self.longest_slice_s, held_s)
+        if self.slice_observer is not None:
+            self.slice_observer(held_s)
         self._schedule_slice()
 
     def _tick_deployment(self, dep_id: DeploymentId, state: DeploymentState, now: float) -> bool:

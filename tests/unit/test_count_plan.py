@@ -71,3 +71,15 @@ def test_a_rolling_update_of_many_replicas_is_answered_from_counts():
     actions, _ = state._plan_from_counts(now=0.0)
     stops = [a.replica_id for a in actions if isinstance(a, reconcile.StopReplica)]
     assert stops == [f"app#dep#{i}" for i in range(999, 849, -1)]
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_a_capped_plan_is_the_first_actions_of_the_whole_one(seed):
+    rng = random.Random(seed)
+    state = random_state(rng)
+    whole = state._plan_from_counts(now=0.0)
+    if whole is not None:
+        cap = rng.randrange(1, 6)
+        state.settings = ShardSettings(**{**vars(state.settings), "transitions_per_slice": cap})
+        capped = state._plan_from_counts(now=0.0, cap=True)
+        assert capped == (whole[0][:cap + 1], whole[1])
