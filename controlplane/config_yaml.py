@@ -14,6 +14,8 @@ problem and where it is. Refused, each before it is expanded or built:
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import yaml
@@ -74,6 +76,15 @@ class _StrictLoader(yaml.SafeLoader):
                                key_node.start_mark)
             first[key] = line
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 (PyYAML) reads "1e-09", "5e3" or "1.5e3" as text: its floats need a dot and a
+# signed exponent. YAML 1.2 and JSON read them as numbers, as a user writing a config
+# expects; so does this loader.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
 
 
 def _children(node: Node) -> list[Node]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.specs import DeploymentSpec
-from controlplane.wire import ReplicaInfo, RoutingDelta, RoutingUpdate
+from controlplane.wire import ClusterDemand, ReplicaInfo, RoutingDelta, RoutingUpdate
 
 
 class DeploymentRouting:
@@ -20,6 +20,7 @@ class DeploymentRouting:
         self._published: dict[str, ReplicaInfo] | None = None  # what routers hold now
         self._model_ids: dict[str, tuple[str, ...]] = {}  # multiplexed models, by replica
         self._models_version = 0
+        self._demand: ClusterDemand | None = None  # the last cluster total published
 
     def model_ids(self, replica_id: str) -> tuple[str, ...]:
         """The multiplexed models a replica reported holding (status shows them)."""
@@ -33,11 +34,14 @@ class DeploymentRouting:
             self._model_ids[replica_id] = tuple(ids)
             self._models_version += 1
 
-    def update(self, spec: DeploymentSpec,
-               replicas: ReplicaSet) -> RoutingUpdate | RoutingDelta | None:
+    def update(self, spec: DeploymentSpec, replicas: ReplicaSet,
+               demand: ClusterDemand | None = None) -> RoutingUpdate | RoutingDelta | None:
         """What routers need, if it changed since the last call: the whole update the
         first time and when limits or models changed (O(replicas), rare), else a delta of
-        the serving replicas that joined, changed or left (O(changes)), else None."""
+        the serving replicas that joined, changed or left (O(changes)), else None.
+        ``demand``: a new cluster total to send (``demand_board``)."""
+        if demand is not None:
+            self._demand = demand
         limits = (spec.max_ongoing_requests, spec.max_queued_requests,
                   tuple(sorted(spec.backpressure_config.items())), self._models_version)
         changes = replicas.take_serving_changes()
@@ -53,9 +57,9 @@ class DeploymentRouting:
             elif self._published.get(replica_id) != (info := self._info(record)):
                 self._published[replica_id] = info
                 added.append(info)
-        if not added and not removed:
+        if not added and not removed and demand is None:
             return None
-        return RoutingDelta(tuple(added), tuple(removed))
+        return RoutingDelta(tuple(added), tuple(removed), demand)
 
     def _info(self, r: ReplicaRecord) -> ReplicaInfo:
         return ReplicaInfo(r.replica_id, r.actor_name, r.node_id, r.http_address,
@@ -74,4 +78,5 @@ class DeploymentRouting:
             max_queued_requests=spec.max_queued_requests,
             status_code=int(backpressure.get("status_code", 503)),
             retry_after_s=backpressure.get("retry_after_s"),
-            retry_after_policy=backpressure.get("retry_after_policy") or "static")
+            retry_after_policy=backpressure.get("retry_after_policy") or "static",
+            demand=self._demand)

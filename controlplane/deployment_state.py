@@ -43,6 +43,7 @@ from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
                                     StartReplica, StopReplica, plan)
+from controlplane.demand_board import DemandBoard
 from controlplane.deployment_routing import DeploymentRouting
 from controlplane.replica_outcomes import ReplicaOutcomes
 from controlplane.replica_set import CountedMap, ReplicaSet
@@ -50,7 +51,8 @@ from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec
 from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
 from controlplane.version_rollout import VersionRollout
-from controlplane.wire import MetricReport, PushedHealth, ReportRow, RoutingDelta, RoutingUpdate
+from controlplane.wire import (MetricReport, PushedHealth, ReportRow, RouterDemand, RoutingDelta,
+                              RoutingUpdate)
 
 if TYPE_CHECKING:
     from controlplane.replica_ops import ReplicaOps
@@ -103,6 +105,7 @@ class DeploymentState(ReplicaOutcomes):
         self._next_autoscale_at = 0.0
         self.target_replicas = spec.num_replicas
         self.routing = DeploymentRouting()
+        self.demand = DemandBoard()  # cluster_informed: the routers' reports, start times
         self.plans_from_counts = 0  # ticks planned in O(1) (tests count them)
         self._counted_plan = False  # the last plan came from counts (cheap to redo)
         self.more_now = False  # a slice left planned transitions for the next one
@@ -388,10 +391,18 @@ class DeploymentState(ReplicaOutcomes):
     def record_model_ids(self, replica_id: str, ids: tuple[str, ...]) -> None:
         self.routing.record_model_ids(self.replicas, replica_id, ids)
 
-    def routing_update(self) -> RoutingUpdate | RoutingDelta | None:
-        """What routers need, if it changed since the last call (``DeploymentRouting``);
-        nothing while re-adopting."""
-        return None if self.adopting else self.routing.update(self.spec, self.replicas)
+    def routing_update(self, now: float = 0.0) -> RoutingUpdate | RoutingDelta | None:
+        """What routers need, if it changed since the last call (``DeploymentRouting``),
+        with the routers' total demand when due (``cluster_informed`` only); nothing
+        while re-adopting."""
+        if self.adopting:
+            return None
+        informed = self.spec.backpressure_config.get("retry_after_policy") == "cluster_informed"
+        demand = self.demand.to_publish(now, self.replicas) if informed else None
+        return self.routing.update(self.spec, self.replicas, demand)
+
+    def record_router_demand(self, router_id: str, demand: RouterDemand, now: float) -> None:
+        self.demand.record(router_id, demand, now)
 
     # ---- status ---------------------------------------------------------------------------
     @property

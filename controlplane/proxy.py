@@ -249,7 +249,8 @@ class Proxy:
     async def ready(self) -> str:
         if self._subscriber is None:
             self._subscriber = RoutingSubscriber(self._settings, self._routers.update,
-                                                 self._app.set_routes)
+                                                 self._app.set_routes,
+                                                 demands=self._routers.demands)
             self._subscriber.start()
             self._app.metrics.routing.statistics = self._subscriber.statistics
             if restarted_by_ray():

@@ -111,6 +111,7 @@ class ReplicaOutcomes:
                            http_address=info.get("http_address"), message="") is None:
             return False
         self.backoff = self.backoff.with_started()
+        self.demand.note_start(now - self.replicas.get(replica_id).started_at)
         if self.rollout.rolling and self.replicas.get(replica_id).version == \
                 self.spec.code_version:
             # failures that begin within the proving periods, once the threshold is reached

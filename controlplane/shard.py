@@ -31,7 +31,7 @@ from controlplane.replica_ops import ReplicaOps
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import (Batch, MetricReport, PushedHealth, RoutingDelta,
+from controlplane.wire import (Batch, MetricReport, PushedHealth, RouterDemand, RoutingDelta,
                                apply_routing_delta)
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class ShardCore:
         self._schedule_slice()
 
     def _publish(self, dep_id: DeploymentId, state: DeploymentState) -> None:
-        update = state.routing_update()
+        update = state.routing_update(self._clock.monotonic())
         if isinstance(update, RoutingDelta):
             self.routing.publish_delta(str(dep_id), update, apply_routing_delta)
         elif update is not None:
@@ -230,6 +230,13 @@ class ShardCore:
             state = self._deployments.get(_dep_id(key))
             if state is not None:
                 state.record_rows(rows, now)
+
+    def report_router_demand(self, key: tuple[str, str], router_id: str,
+                             demand: RouterDemand) -> None:
+        """A router's queue and rates (``cluster_informed``), at most once a second."""
+        state = self._deployments.get(_dep_id(key))
+        if state is not None:
+            state.record_router_demand(router_id, demand, self._clock.monotonic())
 
     def report_model_ids(self, key: tuple[str, str], replica_id: str,
                          ids: tuple[str, ...]) -> None:
@@ -316,6 +323,11 @@ class ControllerShard:
     async def report_health(self, key: tuple[str, str], replica_id: str,
                             health: PushedHealth) -> None:
         self._core.report_health(key, replica_id, health)
+
+    async def report_router_demand(self, key: tuple[str, str], router_id: str,
+                                   demand: RouterDemand) -> None:
+        """A router's demand (``cluster_informed``; ``RoutingSubscriber`` sends it)."""
+        self._core.report_router_demand(key, router_id, demand)
 
     async def status(self, summary: bool = False, app: str | None = None,
                      deployment: str | None = None) -> dict:

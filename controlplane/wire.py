@@ -171,6 +171,35 @@ class RoutingUpdate:
     status_code: int = 503  # backpressure_config
     retry_after_s: float | None = None
     retry_after_policy: str = "static"
+    demand: ClusterDemand | None = None  # cluster_informed only: the latest total
+
+
+@dataclass(frozen=True)
+class RouterDemand:
+    """One router's report: requests queued at it, assignments and arrivals per second."""
+
+    queued: int
+    drain_per_s: float
+    arrivals_per_s: float
+
+    @property
+    def idle(self) -> bool:
+        return self.queued == 0 and self.arrivals_per_s == 0
+
+
+@dataclass(frozen=True)
+class ClusterDemand:
+    """A deployment's demand over all its routers, as its shard publishes it
+    (``routing.cluster_demand``, the ``cluster_informed`` Retry-After policy)."""
+
+    queued: int
+    drain_per_s: float
+    arrivals_per_s: float
+    routers: int
+    # A scale-up in progress: seconds until the replicas now starting are expected to be
+    # RUNNING (None: none starting), and (running + starting) / running.
+    scaleup_eta_s: float | None = None
+    capacity_growth: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -181,6 +210,7 @@ class RoutingDelta:
 
     added: tuple[ReplicaInfo, ...] = ()
     removed: tuple[str, ...] = ()
+    demand: ClusterDemand | None = None  # a new total (cluster_informed), if any
 
 
 @dataclass(frozen=True)
@@ -195,6 +225,10 @@ class Deltas:
 
 def apply_routing_delta(update: RoutingUpdate, delta: RoutingDelta) -> RoutingUpdate:
     """The full update after ``delta``: replicas sorted by id, as a full build makes it."""
+    if delta.demand is not None:
+        update = dataclasses.replace(update, demand=delta.demand)
+    if not delta.added and not delta.removed:
+        return update  # the same replicas tuple: routers need not rebuild their set
     replicas = {r.replica_id: r for r in update.replicas}
     for replica_id in delta.removed:
         replicas.pop(replica_id, None)

@@ -36,6 +36,7 @@ seeded from it (arrivals, the router split, each router's own rng, handler times
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -45,7 +46,9 @@ from controlplane.clock import FakeClock
 from controlplane.errors import BackpressureError
 from controlplane.routing.router import Router
 from controlplane.routing.routing_config import RoutingConfig
-from controlplane.wire import ReplicaInfo
+from controlplane.demand_board import DemandBoard
+from controlplane.routing.subscriber import DEMAND_REPORT_S
+from controlplane.wire import ReplicaInfo, RoutingUpdate
 from release_tests.scale import percentile
 from tests.unit.virtual_time import run_virtual
 
@@ -319,6 +322,9 @@ async def _simulate(shape: Shape, row: PolicyRow, config: SimConfig, seed: int,
     clients = Clients(routers, config, clock, random.Random(f"{seed}/split"))
     driver = asyncio.get_running_loop().create_task(
         clients.drive(seeded_arrivals(shape, config, seed)))
+    if row.policy == "cluster_informed":
+        clients.background.add(asyncio.get_running_loop().create_task(
+            _shard_demand(routers, replicas, routing, clock)))
     await clients.window_closed.wait()
     await asyncio.gather(*clients.measured)
     # Teardown: the background load is no longer needed; nothing measured is cut short.
@@ -331,6 +337,27 @@ async def _simulate(shape: Shape, row: PolicyRow, config: SimConfig, seed: int,
     return RunResult(tuple(sorted(clients.outcomes, key=lambda o: o.request_id)),
                      replicas.busy_slot_s, replicas.completed_in_window,
                      frozenset(replicas.completed), replicas.started, replicas.cancelled)
+
+
+async def _shard_demand(routers: list[Router], replicas: SimReplicas, routing: RoutingConfig,
+                        clock: FakeClock) -> None:
+    """``cluster_informed``'s control-plane half, as the shard runs it: each router reports
+    its demand once a second (``RoutingSubscriber``), the real ``DemandBoard`` sums them and
+    publishes at most once a second, and each router applies the total as it applies a
+    routing update from the long-poll (a publication reaches routers 50 ms later)."""
+    board = DemandBoard()
+    base = RoutingUpdate(tuple(replicas.infos()), routing.max_ongoing_requests,
+                         routing.max_queued_requests, routing.status_code,
+                         routing.retry_after_s, routing.retry_after_policy)
+    while True:
+        await asyncio.sleep(DEMAND_REPORT_S)
+        for i, router in enumerate(routers):
+            board.record(f"router-{i}", router.demand(), clock.monotonic())
+        total = board.to_publish(clock.monotonic())
+        if total is not None:
+            await asyncio.sleep(0.05)
+            for router in routers:
+                router.apply_routing_update(dataclasses.replace(base, demand=total))
 
 
 def metrics(result: RunResult, config: SimConfig) -> dict[str, float | None]:

@@ -47,7 +47,8 @@ class HandleRuntime:
         self._known: dict[str, asyncio.Event] = {}
         self._in_driver = in_driver
         self._subscriber = RoutingSubscriber(settings, self._on_update,
-                                             get_actor=self._get_actor)
+                                             get_actor=self._get_actor,
+                                             demands=self.routers.demands)
         self._subscriber.start()
 
     def _get_actor(self, name: str, namespace: str) -> Any:

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Callable, Literal, get_args
 
-RetryAfterPolicy = Literal["static", "router_queue_drain_rate", "arrival_aware"]
+if TYPE_CHECKING:
+    from controlplane.wire import ClusterDemand
+
+RetryAfterPolicy = Literal["static", "router_queue_drain_rate", "arrival_aware",
+                           "cluster_informed"]
 POLICIES: tuple[str, ...] = get_args(RetryAfterPolicy)
 
 # Seed 002's implementation constants: the factor is bounded to [1, 1.5].
@@ -201,12 +205,13 @@ class RetrySchedule:
         self._roll(now)
         return self._slots[0]
 
-    def book(self, now: float, earliest_s: int, room: float) -> int:
-        """The first delay >= ``earliest_s`` whose second has fewer than ``room`` retries
-        booked, booked; the clamp when none has."""
+    def book(self, now: float, earliest_s: int, room: float | Callable[[int], float]) -> int:
+        """The first delay >= ``earliest_s`` whose second has fewer than ``room`` (or
+        ``room(delay)``) retries booked, booked; the clamp when none has."""
         self._roll(now)
+        room_at = room if callable(room) else (lambda _delay: room)
         for delay in range(max(earliest_s, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S + 1):
-            if self._slots[delay] < room:
+            if self._slots[delay] < room_at(delay):
                 self._slots[delay] += 1
                 return delay
         self._slots[MAX_RETRY_AFTER_S] += 1
@@ -229,10 +234,48 @@ def arrival_aware_retry_after_s(queue_depth: int, drain: DrainRateEstimator,
     return schedule.book(now, earliest, room)
 
 
+# ---- issue 14: cluster_informed (the totals: ``controlplane.demand_board``) -----------
+FRESH_FOR_S = 5.0  # a router trusts a published total this long, then its own figures
+
+
+def cluster_informed_retry_after_s(queue_depth: int, drain: DrainRateEstimator,
+                                   arrivals: DrainRateEstimator, schedule: RetrySchedule,
+                                   demand: ClusterDemand | None, demand_age_s: float,
+                                   static_s: float | None, rng: random.Random,
+                                   now: float) -> int | None:
+    """``arrival_aware`` over the whole deployment: the wait is everyone's queue over
+    everyone's drain rate (shortened by a scale-up that completes before it ends), and
+    this router books its share (its arrivals over everyone's) of each second's room.
+    Without a fresh total, exactly ``arrival_aware`` on this router's own figures."""
+    if demand is None or demand_age_s > FRESH_FOR_S or not demand.drain_per_s > 0:
+        return arrival_aware_retry_after_s(queue_depth, drain, arrivals, schedule, static_s,
+                                           rng, now)
+    rate = demand.drain_per_s
+    own = arrivals.rate_per_s(now)
+    share = min(1.0, own / demand.arrivals_per_s) if own and demand.arrivals_per_s > 0 \
+        else 0.0
+    if not share > 0:  # this router's arrivals unknown: an equal share
+        share = 1.0 / max(1, demand.routers)
+    wait = max(demand.queued, queue_depth, 0) / rate
+    eta, growth = demand.scaleup_eta_s, max(1.0, demand.capacity_growth)
+    if eta is not None and wait > eta:  # the queue left at eta drains faster
+        wait = eta + (wait - eta) / growth
+    wait *= rng.uniform(1 - JITTER_FRACTION, 1 + JITTER_FRACTION)
+    earliest = min(MAX_RETRY_AFTER_S, math.ceil(wait)) if math.isfinite(wait) else \
+        MAX_RETRY_AFTER_S
+    fresh = max(0.0, demand.arrivals_per_s - schedule.due_now(now) / share)
+
+    def room(delay: int) -> float:
+        capacity = rate * (growth if eta is not None and delay >= eta else 1.0)
+        return share * max(capacity - fresh, MIN_SPARE_FRACTION * capacity)
+    return schedule.book(now, earliest, room)
+
+
 def retry_after_s(policy: RetryAfterPolicy, queue_depth: int, estimator: DrainRateEstimator,
                   occupancy: float, backoff_streak: int, static_s: float | None,
                   rng: random.Random, now: float, arrivals: DrainRateEstimator | None = None,
-                  schedule: RetrySchedule | None = None) -> int | None:
+                  schedule: RetrySchedule | None = None, demand: ClusterDemand | None = None,
+                  demand_age_s: float = math.inf) -> int | None:
     """The value for ``policy``; the rejection path's single entry point. Never raises:
     an estimator in a state nobody foresaw downgrades to the static value."""
     try:
@@ -242,6 +285,9 @@ def retry_after_s(policy: RetryAfterPolicy, queue_depth: int, estimator: DrainRa
         if policy == "arrival_aware" and arrivals is not None and schedule is not None:
             return arrival_aware_retry_after_s(queue_depth, estimator, arrivals, schedule,
                                                static_s, rng, now)
+        if policy == "cluster_informed" and arrivals is not None and schedule is not None:
+            return cluster_informed_retry_after_s(queue_depth, estimator, arrivals, schedule,
+                                                  demand, demand_age_s, static_s, rng, now)
     except Exception:  # the rejection path must answer, whatever the estimators hold
         pass
     return static_retry_after_s(static_s)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from controlplane.routing.retry_after import DrainRateEstimator, RetrySchedule, 
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import ReplicaTransport
 from controlplane.settings import RouterSettings
-from controlplane.wire import ReplicaInfo, RoutingUpdate
+from controlplane.wire import ClusterDemand, RouterDemand, ReplicaInfo, RoutingUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,9 @@ class Router:
         self._probe_failures_total = 0
         self._tickets_total = 0
         self._last_retry_after_s: int | None = None
+        self._cluster: ClusterDemand | None = None  # cluster_informed: the shard's total
+        self._cluster_at = -math.inf
+        self._replica_tuple: tuple | None = None  # the last update's, to skip a rebuild
 
     # ---- fed by the owning shard's push ----------------------------------------------
     def update_replicas(self, replicas: Iterable[ReplicaInfo]) -> None:
@@ -118,7 +122,22 @@ class Router:
             self.close("the deployment was deleted")
             return
         self.update_config(RoutingConfig.from_update(self._config.deployment, update))
-        self.update_replicas(update.replicas)
+        if update.demand is not None and update.demand is not self._cluster:
+            self._cluster, self._cluster_at = update.demand, self._clock.monotonic()
+        if update.replicas is not self._replica_tuple:  # a demand-only change keeps it
+            self._replica_tuple = update.replicas
+            self.update_replicas(update.replicas)
+
+    @property
+    def informed(self) -> bool:
+        """Its deployment's Retry-After uses the routers' total (``cluster_informed``)."""
+        return self._config.retry_after_policy == "cluster_informed"
+
+    def demand(self) -> RouterDemand:
+        """What this router reports for ``cluster_informed`` (``demand_board``)."""
+        now = self._clock.monotonic()
+        return RouterDemand(self._queued, self._drain.rate_per_s(now) or 0.0,
+                            self._arrivals.rate_per_s(now) or 0.0)
 
     def close(self, reason: str) -> None:
         """Fail every waiter with RouterClosedError; stop probes and the backoff timer."""
@@ -225,7 +244,8 @@ class Router:
             occupancy=self._cache.occupancy(config.max_ongoing_requests),
             backoff_streak=self._backoff_streak, static_s=config.retry_after_s,
             rng=self._rng, now=self._clock.monotonic(), arrivals=self._arrivals,
-            schedule=self._retries)
+            schedule=self._retries, demand=self._cluster,
+            demand_age_s=self._clock.monotonic() - self._cluster_at)
         self._rejected_total += 1
         self._last_retry_after_s = value
         hint = "" if value is None else f"; retry after {value} s"

@@ -17,7 +17,7 @@ from controlplane.routing.router import Router, RouterStatistics
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import RayTransport, ReplicaTransport, relay_websocket
 from controlplane.settings import RouterSettings
-from controlplane.wire import HTTPRequestData, RequestMeta, RoutingUpdate
+from controlplane.wire import HTTPRequestData, RequestMeta, RouterDemand, RoutingUpdate
 
 
 class RouterSet:
@@ -42,6 +42,11 @@ class RouterSet:
             router = self._routers[key] = Router(config, self.transport, self._clock, self._rng,
                                                  self._settings)
         router.apply_routing_update(update)
+
+    def demands(self) -> dict[str, RouterDemand]:
+        """The demand of each router whose deployment uses ``cluster_informed``."""
+        return {key: router.demand() for key, router in self._routers.items()
+                if router.informed}
 
     def statistics(self) -> list[RouterStatistics]:
         """One snapshot per deployment router (for the proxy's /metrics)."""

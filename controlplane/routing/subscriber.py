@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -22,7 +23,7 @@ import ray
 from controlplane.clock import Clock, SystemClock
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
-from controlplane.wire import (ROUTES_KEY, Deltas, RoutesUpdate, RoutingUpdate,
+from controlplane.wire import (ROUTES_KEY, Deltas, RouterDemand, RoutesUpdate, RoutingUpdate,
                                apply_routing_delta)
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 # A controller restart takes seconds: retry soon, then every 10 s at most.
 RETRY_BACKOFF = ErrorBackoff(initial_s=0.5, max_s=10.0, jitter=0.2)
 CONTROLLER = "controller"
+DEMAND_REPORT_S = 1.0  # cluster_informed: a router's reports, while it has demand
 
 
 def shard_target(index: int) -> str:
@@ -54,7 +56,8 @@ class RoutingSubscriber:
     def __init__(self, settings: Settings, on_deployment: Callable[[str, RoutingUpdate | None], None],
                  on_routes: Callable[[RoutesUpdate], None] = lambda r: None, *,
                  get_actor: Callable[..., Any] = ray.get_actor, clock: Clock = SystemClock(),
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 demands: Callable[[], dict[str, RouterDemand]] | None = None) -> None:
         self._settings = settings
         self._on_deployment = on_deployment
         self._on_routes = on_routes
@@ -67,6 +70,10 @@ class RoutingSubscriber:
         self._tasks: list[asyncio.Task] = []
         self._backoffs: dict[str, ErrorBackoff] = {}  # target -> backoff, once it failed
         self._failures_total = 0
+        # cluster_informed: this process's routers' demand, sent to the owning shards
+        self._demands = demands
+        self._router_id = uuid.uuid4().hex[:12]
+        self._busy: set[str] = set()  # keys whose last report had demand
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -104,6 +111,8 @@ class RoutingSubscriber:
                 self._known.setdefault(i, {})
                 self._held.setdefault(i, {})
                 self._tasks.append(asyncio.get_running_loop().create_task(self._follow_shard(i)))
+            if self._demands is not None:
+                self._tasks.append(asyncio.get_running_loop().create_task(self._report_demand()))
         self._on_routes(update)
 
     async def _follow_shard(self, index: int) -> None:
@@ -139,6 +148,35 @@ class RoutingSubscriber:
         for delta in changes.deltas:
             held = apply_routing_delta(held, delta)
         return held
+
+    async def _report_demand(self) -> None:
+        """Every ``DEMAND_REPORT_S``: each router's demand to its deployment's shard, while
+        it has any and once more when it drops to none (``demand_board``). Fire and
+        forget: a shard that is restarting misses a report, and the next one follows."""
+        while True:
+            await asyncio.sleep(DEMAND_REPORT_S)
+            try:
+                self.report_demand_once()
+            except Exception:  # never stop reporting over one bad round
+                logger.exception("routing: reporting router demand failed")
+
+    def report_demand_once(self) -> int:
+        """One round of reports; how many were sent."""
+        sent = 0
+        for key, demand in self._demands().items():
+            if demand.idle and key not in self._busy:
+                continue
+            if demand.idle:
+                self._busy.discard(key)
+            else:
+                self._busy.add(key)
+            index = next((i for i, known in self._known.items() if key in known), None)
+            if index is None:
+                continue
+            shard = self._get_actor(shard_actor_name(index), namespace=self._settings.namespace)
+            shard.report_router_demand.remote(tuple(key.split("/", 1)), self._router_id, demand)
+            sent += 1
+        return sent
 
     async def _wait_retry(self, target: str, error: Exception) -> None:
         """Count a failed call, log it if ``target`` just became unreachable, and wait

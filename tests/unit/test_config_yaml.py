@@ -71,3 +71,10 @@ def test_load_deploy_config_uses_the_strict_reader(tmp_path):
     path.write_text(GOOD + "applications: []\n")
     with pytest.raises(ConfigError, match="duplicate key 'applications'"):
         load_deploy_config(str(path))
+
+
+def test_numbers_with_an_exponent_are_numbers_as_in_yaml_1_2(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("a: 1e-09\nb: 5e3\nc: 1.5e3\nd: 12\ne: 1e\nf: v1e5\n")
+    assert read_yaml_file(str(path)) == {"a": 1e-09, "b": 5000.0, "c": 1500.0, "d": 12,
+                                         "e": "1e", "f": "v1e5"}
