@@ -7,6 +7,9 @@ Invariants:
 - Every model is frozen and rejects unknown keys, so a typo is an error, not a silent default.
 - Every float is finite and every free-form dict (``user_config``, ``runtime_env``, ``args``)
   is normalised to its JSON form, so ``parse_deploy_config(config_to_dict(c)) == c``.
+- Every number is a number (never a bool) within a range named in ``config_bounds``, which
+  also bounds route prefixes, user_config's size and nesting; a runtime_env's known fields
+  have Ray's types (``config_runtime_env``).
 - In ``DeploymentConfig`` every option defaults to None, meaning "not set here"; the
   code's value or the built-in default applies. ``overrides()`` is what this file sets.
 - Options set in code (``serve.deployment(...)``) go through the same models
@@ -26,12 +29,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import reprlib
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
+from controlplane.config_bounds import (
+    AtLeastOneReplica, BuildTimeoutSeconds, Cpus, CustomResource, DelaySeconds, Gpus,
+    HealthCheckSeconds, MemoryBytes, OngoingRequests, PeriodSeconds, QueuedRequests, Replicas,
+    Shards, TargetOngoingRequests, check_depth, check_user_config_size, route_prefix_problem)
+from controlplane.config_runtime_env import RuntimeEnvField
 from controlplane.config_serve_compat import (
     ReplicasOrAuto, ServeApplicationFields, ServeAutoscalingFields, ServeControllerFields,
     ServeDeployFields, ServeDeploymentFields, ServeHTTPFields, accepted_fields, acted_on_dump,
@@ -75,6 +84,7 @@ def _as_json(value: Any) -> Any:
     Normalising (tuples to lists, non-string keys to strings) keeps the checkpoint round
     trip exact; allow_nan=False rejects NaN and infinity, which JSON cannot carry.
     """
+    check_depth(value)  # before json.dumps, which would recurse into it
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -82,10 +92,10 @@ def _as_json(value: Any) -> Any:
     return json.loads(text)
 
 
-# Floats must be finite: pydantic's JSON dump writes inf and NaN as null.
-NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# Number fields take config_bounds' types: finite (pydantic's JSON dump writes inf and NaN
+# as null), never a bool, each within its named range.
 JsonDict = Annotated[dict[str, Any], AfterValidator(_as_json)]
+RuntimeEnvDict = Annotated[RuntimeEnvField, AfterValidator(_as_json)]
 Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
 
 
@@ -93,42 +103,71 @@ class HTTPOptions(ServeHTTPFields):
     model_config = _MODEL_CONFIG
 
     host: str = Field("127.0.0.1", min_length=1, description="Address the HTTP proxy binds to.")
-    port: int = Field(8000, ge=1, le=65535, description="TCP port the HTTP proxy listens on.")
+    port: int = Field(8000, strict=True, ge=1, le=65535,
+                      description="TCP port the HTTP proxy listens on.")
     proxies_per_node: int = Field(
-        2, ge=1, le=8, description="Proxy actors sharing the port on each node (SO_REUSEPORT): "
-        "while one restarts, the others keep serving.")
+        2, strict=True, ge=1, le=8, description="Proxy actors sharing the port on each node "
+        "(SO_REUSEPORT): while one restarts, the others keep serving.")
     ingress: Literal["proxy", "haproxy"] = Field(
         "proxy", description="proxy: every request through the proxy actors; haproxy: a real "
         "HAProxy per node in front of replicas that serve HTTP themselves.")
     deregistration_window_s: float = Field(
-        2.0, ge=0, le=300, allow_inf_nan=False,
+        2.0, strict=True, ge=0, le=300, allow_inf_nan=False,
         description="haproxy mode: how long a leaving replica stays reachable after HAProxy "
         "stopped sending it new requests.")
+    # What one client may send (controlplane/routing/http_limits.py); the proxy and, in
+    # haproxy mode, the replicas' own listeners enforce them. Strict: never a bool.
+    max_request_body_bytes: int = Field(
+        64 * 2**20, strict=True, ge=1024, le=2**32,
+        description="Largest request body, in bytes (default 64 MiB): a bigger declared "
+        "Content-Length is answered 413 before a byte of it is read, a chunked body 413 as "
+        "soon as it passes the limit. The proxy holds a body whole before routing it, so "
+        "this also bounds its memory per request. 64 MiB takes a million-token prompt "
+        "(~5 MB of JSON), a 25 MB audio upload even base64-encoded in JSON (~34 MB), and "
+        "refuses a 100 MB body; raise it for larger uploads.")
+    max_header_bytes: int = Field(
+        64 * 2**10, strict=True, ge=1024, le=2**24,
+        description="Largest request head (request line and headers), in bytes (default "
+        "64 KiB: big cookies and tokens fit); a larger one is answered 431 and the "
+        "connection closed. In haproxy mode HAProxy itself refuses a head over about 15 KiB "
+        "(its 16 KiB buffer) with a 400.")
+    request_header_timeout_s: float = Field(
+        30.0, strict=True, ge=0.1, le=3600, allow_inf_nan=False,
+        description="Longest time from a connection's open (or a request's first byte) to "
+        "its complete head (default 30 s): a slow client (slowloris) is answered 408 and "
+        "disconnected. In haproxy mode, HAProxy's `timeout http-request`.")
+    keep_alive_timeout_s: float = Field(
+        90.0, strict=True, ge=1, le=3600, allow_inf_nan=False,
+        description="How long an idle connection is kept open between requests (Ray Serve's "
+        "field, and its default: longer than the 60 s idle timeout of common load "
+        "balancers, so one in front never reuses a connection the proxy just closed). In "
+        "haproxy mode, HAProxy's `timeout http-keep-alive`.")
 
 
 class ControllerOptions(ServeControllerFields):
     model_config = _MODEL_CONFIG
 
-    num_shards: int = Field(2, ge=1, le=64, description="Shards the deployments are split over.")
-    build_timeout_s: float = Field(
-        120.0, ge=1, le=3600, allow_inf_nan=False,
-        description="Deadline for importing and building the applications of one deploy.")
+    num_shards: Shards = Field(2, description="Shards the deployments are split over.")
+    build_timeout_s: BuildTimeoutSeconds = Field(
+        120.0, description="Deadline for importing and building the applications of one deploy.")
 
 
 class BackpressureConfig(BaseModel):
     model_config = _MODEL_CONFIG
 
     status_code: Literal[429, 503] = Field(503, description="HTTP status of a request shed when full.")
-    retry_after_s: PosFloat | None = Field(
+    retry_after_s: PeriodSeconds | None = Field(
         None, description="Retry-After hint in seconds (rounded up when sent); None sends none."
     )
     retry_after_policy: Literal["static", "router_queue_drain_rate", "queue_drain_rate",
-                                "arrival_aware"] = Field(
+                                "arrival_aware", "cluster_informed"] = Field(
         "static", description="How Retry-After is chosen: the static retry_after_s; computed "
         "from the rejecting router's queue depth and drain rate (router_queue_drain_rate, "
-        "seed 002; queue_drain_rate is upstream Ray Serve's name for it); or arrival_aware: "
+        "seed 002; queue_drain_rate is upstream Ray Serve's name for it); arrival_aware: "
         "each rejected client booked a future second with room left by the arrivals "
-        "(issue 14). Both computed policies fall back to retry_after_s, then to no header.")
+        "(issue 14); or cluster_informed: arrival_aware over every router's queue and rates "
+        "and a scale-up's expected capacity, as the shard publishes them about once a "
+        "second. The computed policies fall back to retry_after_s, then to no header.")
 
     @field_validator("retry_after_policy")
     @classmethod
@@ -139,13 +178,18 @@ class BackpressureConfig(BaseModel):
 class AutoscalingConfig(BaseModel):
     model_config = _MODEL_CONFIG
 
-    min_replicas: int = Field(1, ge=0, description="Fewest replicas (at least 1 for now).")
-    max_replicas: int = Field(1, ge=1, description="Most replicas.")
-    initial_replicas: int | None = Field(None, ge=0, description="Replicas at first deploy; None: min.")
-    target_ongoing_requests: PosFloat = Field(2.0, description="Ongoing requests per replica.")
-    upscale_delay_s: NonNegFloat = Field(30.0, description="Seconds load must stay high to scale out.")
-    downscale_delay_s: NonNegFloat = Field(600.0, description="Seconds load must stay low to scale in.")
-    look_back_period_s: PosFloat = Field(30.0, description="Seconds over which load is averaged.")
+    min_replicas: Replicas = Field(1, description="Fewest replicas (at least 1 for now).")
+    max_replicas: AtLeastOneReplica = Field(1, description="Most replicas.")
+    initial_replicas: Replicas | None = Field(
+        None, description="Replicas at first deploy; None: min.")
+    target_ongoing_requests: TargetOngoingRequests = Field(
+        2.0, description="Ongoing requests per replica.")
+    upscale_delay_s: DelaySeconds = Field(
+        30.0, description="Seconds load must stay high to scale out.")
+    downscale_delay_s: DelaySeconds = Field(
+        600.0, description="Seconds load must stay low to scale in.")
+    look_back_period_s: PeriodSeconds = Field(
+        30.0, description="Seconds over which load is averaged.")
 
     @field_validator("min_replicas")
     @classmethod
@@ -185,11 +229,13 @@ class FileAutoscalingConfig(ServeAutoscalingFields, AutoscalingConfig):
 class RayActorOptions(BaseModel):
     model_config = _MODEL_CONFIG
 
-    num_cpus: NonNegFloat | None = Field(None, description="CPUs reserved per replica.")
-    num_gpus: NonNegFloat | None = Field(None, description="GPUs reserved per replica.")
-    memory: int | None = Field(None, ge=0, description="Memory reserved per replica, in bytes.")
-    resources: dict[str, NonNegFloat] = Field(default_factory=dict, description="Custom Ray resources.")
-    runtime_env: JsonDict = Field(default_factory=dict, description="Ray runtime_env of each replica.")
+    num_cpus: Cpus | None = Field(None, description="CPUs reserved per replica.")
+    num_gpus: Gpus | None = Field(None, description="GPUs reserved per replica.")
+    memory: MemoryBytes | None = Field(None, description="Memory reserved per replica, in bytes.")
+    resources: dict[str, CustomResource] = Field(
+        default_factory=dict, description="Custom Ray resources.")
+    runtime_env: RuntimeEnvDict = Field(
+        default_factory=dict, description="Ray runtime_env of each replica.")
     accelerator_type: str | None = Field(None, description="Ray accelerator type, e.g. 'H100'.")
     label_selector: dict[str, str] | None = Field(
         None, description="Node labels a replica must run on (passed to Ray).")
@@ -207,20 +253,22 @@ class DeploymentOptions(BaseModel):
 
     model_config = _MODEL_CONFIG
 
-    num_replicas: int | None = Field(None, ge=0, description="Fixed replica count.")
-    max_ongoing_requests: int | None = Field(None, ge=1, description="Requests a replica runs at once.")
-    max_queued_requests: int | None = Field(
-        None, ge=-1, description="Requests queued before shedding; -1 means unlimited."
+    num_replicas: Replicas | None = Field(None, description="Fixed replica count.")
+    max_ongoing_requests: OngoingRequests | None = Field(
+        None, description="Requests a replica runs at once.")
+    max_queued_requests: QueuedRequests | None = Field(
+        None, description="Requests queued before shedding; -1 means unlimited."
     )
     user_config: Any = Field(None, description="JSON value handed to the replica's reconfigure().")
     autoscaling_config: AutoscalingConfig | None = Field(
         None, description="Scale on load instead of a fixed num_replicas."
     )
-    health_check_period_s: PosFloat | None = Field(None, description="Seconds between health checks.")
-    health_check_timeout_s: PosFloat | None = Field(
+    health_check_period_s: HealthCheckSeconds | None = Field(
+        None, description="Seconds between health checks.")
+    health_check_timeout_s: HealthCheckSeconds | None = Field(
         None, description="Seconds before a health check counts as failed."
     )
-    graceful_shutdown_timeout_s: NonNegFloat | None = Field(
+    graceful_shutdown_timeout_s: DelaySeconds | None = Field(
         None, description="Seconds a stopping replica may spend draining."
     )
     backpressure_config: BackpressureConfig | None = Field(None, description="How shed requests end.")
@@ -229,7 +277,7 @@ class DeploymentOptions(BaseModel):
     @field_validator("user_config")
     @classmethod
     def _user_config_is_json(cls, value: Any) -> Any:
-        return _as_json(value)
+        return check_user_config_size(_as_json(value))
 
     @model_validator(mode="after")
     def _one_way_to_size(self) -> DeploymentOptions:
@@ -287,10 +335,9 @@ def _is_dotted_identifier(text: str) -> bool:
 
 
 def _check_route_prefix(value: str | None) -> str | None:
-    if value is None or value == "/":
-        return value
-    if not value.startswith("/") or value.endswith("/"):
-        raise _invalid("route_prefix must start with '/' and not end with '/' (or be exactly '/')")
+    problem = None if value is None else route_prefix_problem(value)
+    if problem:
+        raise _invalid(problem)
     return value
 
 
@@ -304,7 +351,8 @@ class ApplicationConfig(ServeApplicationFields):
     import_path: Annotated[str, AfterValidator(_check_import_path)] = Field(
         ..., description="Where the application lives: 'pkg.module:attr' or 'pkg.module.attr'."
     )
-    runtime_env: JsonDict = Field(default_factory=dict, description="Ray runtime_env of the app.")
+    runtime_env: RuntimeEnvDict = Field(
+        default_factory=dict, description="Ray runtime_env of the app.")
     args: JsonDict = Field(default_factory=dict, description="Keyword arguments for an app builder.")
     deployments: list[DeploymentConfig] = Field(
         default_factory=list, description="Per-deployment overrides of the code's options."
@@ -461,5 +509,8 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 
 def _short_repr(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # nested too deep for repr: reprlib shows its first levels
+        text = reprlib.repr(value)
     return text if len(text) <= _MAX_INPUT_REPR else text[: _MAX_INPUT_REPR - 3] + "..."

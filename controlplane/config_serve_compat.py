@@ -9,9 +9,10 @@ is still an error naming the field. What fleetplane does not implement is declar
 config sets, so it is never ignored silently. ``config`` mixes these classes into its models.
 Serve's own shape of one field fleetplane acts on lives here too: ``num_replicas: auto``.
 
-This module imports nothing of ``config`` (``config`` imports it), so it has its own
-small types. Serve's checks across these fields (``max_replicas_per_node`` with
-``placement_group_bundles``...) are not repeated: fleetplane acts on neither field.
+This module imports nothing of ``config`` (``config`` imports it); its number types come
+from ``config_bounds``, as config's do. Serve's checks across these fields
+(``max_replicas_per_node`` with ``placement_group_bundles``...) are not repeated:
+fleetplane acts on neither field.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
                       ValidationInfo, WrapValidator, field_validator)
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
+
+from controlplane.config_bounds import (
+    DAY_S, REPLICAS, Bound, FiniteFloat, NonNegativeFloat, PositiveFloat, Replicas, check_depth,
+    check_number, count, number)
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True)
 _NOT_ACTED_ON = "fleetplane_not_acted_on"  # marks a field in its json_schema_extra
@@ -43,15 +48,24 @@ def _invalid(detail: str) -> PydanticCustomError:
 def _json_form(value: Any) -> Any:
     # As in config._as_json: the value as a JSON round trip leaves it, so
     # parse_deploy_config(config_to_dict(c)) == c holds for these fields too.
+    check_depth(value)
     try:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise _invalid(f"must be JSON-serialisable: {exc}") from exc
 
 
-_Float = Annotated[float, Field(allow_inf_nan=False)]
-_NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-_Pos = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# Numbers as config_bounds takes them (finite, never a bool), in Serve's ranges.
+_Float = FiniteFloat
+_NonNeg = NonNegativeFloat
+_Pos = PositiveFloat
+_Port = number(Bound(1, 65535, integer=True))
+_Percent = number(Bound(0, 100, "percent"))
+_WholePercent = count(0, 100, "percent")
+_Fraction = number(Bound(0, 1))
+_PositiveFraction = number(Bound(0, 1, above=True))
+_PerNode = count(1, 100, "replicas")
+_WholeSeconds = count(0, DAY_S, "seconds")
 _Json = Annotated[dict[str, Any], AfterValidator(_json_form)]
 _JsonList = Annotated[list[Any], AfterValidator(_json_form)]
 
@@ -60,11 +74,13 @@ def _count_or_auto(value: Any, handler: Any) -> Any:
     try:  # one error, not one per member of the union
         return handler(value)
     except ValidationError:
-        raise _invalid("must be a number of replicas (0 or more) or 'auto'") from None
+        if isinstance(value, (int, float)):  # a bool or a count out of range: say which
+            check_number(REPLICAS, value)
+        raise _invalid(f"must be 'auto' or {REPLICAS.describe()}") from None
 
 
 # A deployment's num_replicas as Serve takes it: a count, or "auto" (autoscale).
-ReplicasOrAuto = Annotated[Annotated[int, Field(ge=0)] | Literal["auto"] | None,
+ReplicasOrAuto = Annotated[Replicas | Literal["auto"] | None,
                            WrapValidator(_count_or_auto)]
 
 
@@ -182,7 +198,7 @@ class GrpcOptions(BaseModel):
 
     model_config = _MODEL_CONFIG
 
-    port: int = Field(9000, ge=1, le=65535)
+    port: _Port = 9000
     grpc_servicer_functions: list[str] = Field(default_factory=list)
     request_timeout_s: _Float | None = None
     enable_reflection: bool = True
@@ -195,7 +211,7 @@ class TracingConfig(BaseModel):
 
     enabled: bool = False
     exporter_import_path: str = ""
-    sampling_ratio: float = Field(0.01, ge=0, le=1)
+    sampling_ratio: _Fraction = 0.01
 
 
 # ---- the fields each of config's models takes from Serve -------------------------------
@@ -209,8 +225,8 @@ class ServeDeployFields(BaseModel):
     grpc_options: GrpcOptions | None = not_acted_on("Serve's gRPC proxy options.")
     logging_config: LoggingConfig | None = not_acted_on("Logging of Serve's components.")
     tracing_config: TracingConfig | None = not_acted_on("Tracing of Serve's components.")
-    target_capacity: _Float | None = not_acted_on(
-        "Percentage of every deployment's replicas to run.", inert=100, ge=0, le=100)
+    target_capacity: _Percent | None = not_acted_on(
+        "Percentage of every deployment's replicas to run.", inert=100)
 
 
 class ServeHTTPFields(BaseModel):
@@ -219,7 +235,6 @@ class ServeHTTPFields(BaseModel):
 
     root_path: str | None = not_acted_on("ASGI root path the applications are mounted at.")
     request_timeout_s: _Float | None = not_acted_on("Timeout of an HTTP request.")
-    keep_alive_timeout_s: int | None = not_acted_on("Keep-alive of an idle connection.")
     ssl_keyfile: str | None = not_acted_on("SSL key file for HTTPS.")
     ssl_certfile: str | None = not_acted_on("SSL certificate file for HTTPS.",
                                             validate_default=True)
@@ -274,16 +289,16 @@ class ServeDeploymentFields(BaseModel):
         = not_acted_on("Strategy of the replica placement group.")
     placement_group_bundle_label_selector: list[dict[str, str]] | None = not_acted_on(
         "Label selectors of the placement group bundles.")
-    max_replicas_per_node: int | None = not_acted_on(
-        "Most replicas of this deployment on one node.", ge=1, le=100)
+    max_replicas_per_node: _PerNode | None = not_acted_on(
+        "Most replicas of this deployment on one node.")
     logging_config: LoggingConfig | None = not_acted_on("Logging of the replicas.")
     request_router_config: _Json | None = not_acted_on("Serve's request router options.")
     gang_scheduling_config: _Json | None = not_acted_on("Gang scheduling of replicas.")
     deployment_actors: list[_Json] | None = not_acted_on("Deployment-scoped actors.")
-    rolling_update_percentage: _Float | None = not_acted_on(
-        "Fraction of replicas updated at a time.", gt=0, le=1)
-    max_surge_percent: int | None = not_acted_on(
-        "Extra replicas during a rolling update, in percent.", ge=0, le=100)
+    rolling_update_percentage: _PositiveFraction | None = not_acted_on(
+        "Fraction of replicas updated at a time.")
+    max_surge_percent: _WholePercent | None = not_acted_on(
+        "Extra replicas during a rolling update, in percent.")
 
 
 class ServeAutoscalingFields(BaseModel):

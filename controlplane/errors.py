@@ -12,6 +12,14 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def exception_line(error: BaseException) -> str:
+    """``Type: message``, as a traceback's last line says it (the message's first line;
+    a SyntaxError's names its file and line)."""
+    text = str(error).strip()
+    name = type(error).__name__
+    return f"{name}: {text.splitlines()[0]}" if text else name
+
+
 class DeployRejected(Exception):
     """The config is valid but cannot be applied to this instance (terminal)."""
 
@@ -35,15 +43,42 @@ class ConfigError(Exception):
 
 
 class BuildError(Exception):
-    """The application's code could not be imported or built (terminal: fix the code)."""
+    """The application's code could not be imported or built (terminal: fix the code).
 
-    def __init__(self, app: str, message: str) -> None:
-        super().__init__(app, message)
+    ``message`` is one line per problem, naming the field (``import_path``, ``args``,
+    ``user_config``, ``runtime_env``...); ``detail`` is the traceback behind it, if any
+    (the CLI shows it with ``--verbose``), and never part of ``str()``.
+    """
+
+    def __init__(self, app: str, message: str, detail: str = "") -> None:
+        super().__init__(app, message, detail)
         self.app = app
         self.message = message
+        self.detail = detail
 
     def __str__(self) -> str:
         return f"application '{self.app}': {self.message}"
+
+    def by_application(self) -> list[BuildError]:
+        """One error per application that failed (here: this one)."""
+        return [self]
+
+
+class BuildErrors(BuildError):
+    """Several applications failed to build: one ``BuildError`` each, in config order."""
+
+    def __init__(self, errors: list[BuildError]) -> None:
+        Exception.__init__(self, errors)  # args == (errors,): pickles as itself
+        self.errors = list(errors)
+        self.app = ", ".join(e.app for e in errors)
+        self.message = "\n".join(str(e) for e in errors)
+        self.detail = "\n".join(f"[{e.app}]\n{e.detail}" for e in errors if e.detail)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def by_application(self) -> list[BuildError]:
+        return list(self.errors)
 
 
 class NoInstance(Exception):

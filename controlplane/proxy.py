@@ -8,6 +8,11 @@ replica sets arrive by long-poll (``RoutingSubscriber``): no controller call per
 The response head is awaited before answering, so a backpressure rejection or a dead
 replica becomes a clean status code; the body then streams as the replica yields it.
 
+What a client may send is bounded by ``http_options`` (``HTTPLimits``): the head's size
+and read time and malformed bytes by the connection (``routing/http_connection``: 431,
+408, 400), the body by ``routing/http_limits`` (413, before routing); after a large body
+the freed heap goes back to the OS (``routing/heap_trim``).
+
 Endpoints of its own: ``/-/healthz`` ("success" once it holds a route table, 503 while its
 node drains: readiness, not liveness; it keeps serving),
 ``/-/routes`` (JSON prefix -> app), ``/metrics`` (Prometheus text).
@@ -16,8 +21,10 @@ node drains: readiness, not liveness; it keeps serving),
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
 import socket
 import time
 from typing import Any
@@ -28,15 +35,18 @@ import uvicorn
 from controlplane.clock import SystemClock
 from controlplane.proxy_fleet import proxy_actor_name
 from controlplane.proxy_metrics import ProxyMetrics
-from controlplane.routing.asgi import read_body, respond
+from controlplane.routing.asgi import respond
 from controlplane.routing.bind import bind_host
+from controlplane.routing.heap_trim import HeapTrimmer, libc_malloc_trim
+from controlplane.routing.http_connection import server_config
+from controlplane.routing.http_limits import BodyTooLarge, read_body, refuse_body
 from controlplane.routing.route_table import RouteTable
 from controlplane.routing.router_set import RouterSet
 from controlplane.routing.subscriber import RoutingSubscriber
 from controlplane.routing.transport import StreamAborted
 from controlplane.settings import Settings
 from controlplane.supervision import restarted_by_ray
-from controlplane.wire import HTTPRequestData, RoutesUpdate
+from controlplane.wire import HTTPLimits, HTTPRequestData, RoutesUpdate
 
 logger = logging.getLogger(__name__)
 _RESTART_ROUTES_WAIT_S = 5.0  # a restarted proxy waits this long at most for its routes
@@ -46,8 +56,8 @@ class ClientGone(Exception):
     """The client disconnected before its response was complete."""
 
 
-async def _read_body(receive: Any) -> bytes:
-    body = await read_body(receive)
+async def _read_body(receive: Any, scope: dict, limit_bytes: int) -> bytes:
+    body = await read_body(receive, scope["headers"], limit_bytes)
     if body is None:
         raise ClientGone()  # never forward a truncated body
     return body
@@ -79,9 +89,12 @@ class ProxyApp:
 
     def __init__(self, routers: RouterSet, metrics: ProxyMetrics,
                  fetch_health: Any = None, fetch_siblings: Any = None,
-                 listener: str = "0") -> None:
+                 listener: str = "0", limits: HTTPLimits = HTTPLimits(),
+                 trimmer: HeapTrimmer | None = None) -> None:
         self.routers = routers
         self.metrics = metrics
+        self.limits = limits
+        self._trimmer = trimmer  # gives a large body's memory back once it is freed
         self._fetch_health = fetch_health  # async () -> controller.health, or None
         self._fetch_siblings = fetch_siblings  # async () -> {listener: own_text}, or None
         self._listener = listener
@@ -144,10 +157,27 @@ class ProxyApp:
             return
         prefix, dep_key = match
         try:
-            body = await _read_body(receive)
+            body = await _read_body(receive, scope, self.limits.max_request_body_bytes)
         except ClientGone:
             return
-        data = _request_data(scope, body, prefix)
+        except BodyTooLarge as e:
+            await refuse_body(send, e)
+            self.metrics.observe(dep_key, prefix, e.status, time.perf_counter() - started)
+            self._note_body(e.limit_bytes if e.declared_bytes is None else 0)
+            return
+        try:
+            await self._route(receive, send, dep_key, _request_data(scope, body, prefix),
+                              started)
+        finally:
+            self._note_body(len(body))
+
+    def _note_body(self, size_bytes: int) -> None:
+        if self._trimmer is not None:
+            self._trimmer.note_body(size_bytes)
+
+    async def _route(self, receive: Any, send: Any, dep_key: str, data: HTTPRequestData,
+                     started: float) -> None:
+        prefix = data.route_prefix
         try:
             result = await _unless_disconnected(
                 self.routers.serve_http(dep_key, data, send), receive)
@@ -214,8 +244,10 @@ class Proxy:
         self._siblings: dict[int, Any] = {}
         self._routers = RouterSet(self._settings.namespace, SystemClock(),
                                   settings=self._settings.router)
+        self._limits = HTTPLimits.from_http_options(http_options)
+        self._trimmer = HeapTrimmer(SystemClock(), libc_malloc_trim())
         self._app = ProxyApp(self._routers, ProxyMetrics(), self._controller_health,
-                             self._sibling_metrics, str(index))
+                             self._sibling_metrics, str(index), self._limits, self._trimmer)
         self._app.metrics.routers.statistics = self._routers.statistics
         self._server: uvicorn.Server | None = None
         self._subscriber: RoutingSubscriber | None = None
@@ -258,9 +290,7 @@ class Proxy:
         if self._server is None:
             sock = listen_socket(bind_host(self._http["host"]), self._http["port"],
                                  exclusive=self._exclusive)
-            config = uvicorn.Config(self._app, log_level="warning", lifespan="off",
-                                    access_log=False, timeout_keep_alive=30)
-            self._server = uvicorn.Server(config)
+            self._server = uvicorn.Server(server_config(self._app, self._limits))
             self._serving = asyncio.get_running_loop().create_task(
                 self._server.serve(sockets=[sock]))
         while not self._server.started:  # uvicorn has no started event to await
@@ -288,7 +318,8 @@ class Proxy:
     async def describe(self) -> dict:
         return {"address": f"{bind_host(self._http['host'])}:{self._http['port']}",
                 "ready": self._app.has_routes and not self._app.draining,
-                "draining": self._app.draining}
+                "draining": self._app.draining, "pid": os.getpid(),
+                "heap_trim": dataclasses.asdict(self._trimmer.statistics())}
 
     async def wait_until_stopped(self) -> None:
         """The controller's watch: pending until ``shutdown``; Ray fails it when this

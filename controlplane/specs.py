@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from controlplane.wire import DirectIngressInit
+from controlplane.wire import DirectIngressInit, HTTPLimits
 
 # Built-in defaults, the same as Ray Serve 2.60's where Serve has the field.
 DEPLOYMENT_DEFAULTS: Mapping[str, Any] = {
@@ -97,6 +97,7 @@ def with_direct_ingress(specs: list[DeploymentSpec], http_options: dict) -> list
                 max_queued_requests=spec.max_queued_requests,
                 status_code=int(bp.get("status_code", 503)),
                 retry_after_s=bp.get("retry_after_s"),
-                deregistration_window_s=http_options.get("deregistration_window_s", 2.0))
+                deregistration_window_s=http_options.get("deregistration_window_s", 2.0),
+                limits=HTTPLimits.from_http_options(http_options))
         out.append(dataclasses.replace(spec, direct_ingress=direct))
     return out

@@ -22,14 +22,18 @@ go through the deploy schema (``config.check_deployment_options``) like the file
 a bad ``autoscaling_config`` in ``serve.deployment(...)`` fails the deploy before anything
 is committed, naming the application, the deployment and the field; the schema also fills
 in the autoscaling defaults. This module runs inside a Ray task (``max_calls=1``, so a
-re-deploy imports the user's code afresh); errors are ``BuildError`` carrying the user's
-traceback.
+re-deploy imports the user's code afresh); errors are ``BuildError``, one line naming
+the application and the field (``import_path``, ``args``, ``user_config``...), with the
+user's traceback, where there is one, as its ``detail``.
+
+What would fail in every replica is refused here, before anything is committed
+(``code_fit``): constructor arguments the class does not take, and a ``user_config`` with no
+``reconfigure()`` to receive it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import logging
 import traceback
@@ -42,8 +46,10 @@ from pydantic import BaseModel, ValidationError
 
 from controlplane.autoscaling import AutoscalingPolicy, initial_target
 from controlplane.config import AutoscalingConfig, DeploymentConfig, check_deployment_options
+from controlplane.code_fit import check_constructor, check_user_config
 from controlplane.config_serve_compat import AUTO_AUTOSCALING
-from controlplane.errors import BuildError, ConfigError
+from controlplane.errors import BuildError, ConfigError, exception_line
+from controlplane.import_path import import_target
 from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, DeploymentSpec, stable_hash
 from controlplane.wire import DeploymentRef
 
@@ -53,6 +59,9 @@ _SERVE_OPTION_NAMES = tuple(k for k in DEPLOYMENT_DEFAULTS if k != "ray_actor_op
 # Serve options set in code that fleetplane reads (the rest are reported, not dropped).
 _READ_OPTION_NAMES = frozenset({*DEPLOYMENT_DEFAULTS, "name"})
 _NOTE = "accepted for compatibility with Ray Serve but not acted on by fleetplane"
+# ray_actor_options set in code that go through the config's bounds (num_cpus: 1e308 is
+# valid Serve code); runtime_env stays Ray's to check (code may pass module objects).
+_CHECKED_ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "memory", "resources"})
 
 
 @dataclass
@@ -63,22 +72,11 @@ class _Found:
     kwargs: dict
     code_options: dict
     ignored: list[str] = field(default_factory=list)  # options set in code, not acted on
-
-
-def import_attr(import_path: str) -> Any:
-    if ":" in import_path:
-        module_name, attr = import_path.split(":", 1)
-    else:
-        module_name, _, attr = import_path.rpartition(".")
-    module = importlib.import_module(module_name)
-    value = module
-    for part in attr.split("."):
-        value = getattr(value, part)
-    return value
+    args_from: str = "args"  # where the constructor arguments come from (code_fit)
 
 
 def build_application(app_config: Mapping[str, Any]) -> list[DeploymentSpec]:
-    """Import and build one application; raises BuildError with the user's traceback.
+    """Import and build one application; raises BuildError (see the module's doc).
     Options set in code that fleetplane does not act on are logged as warnings."""
     return build_with_warnings(app_config)[0]
 
@@ -87,14 +85,15 @@ def build_with_warnings(app_config: Mapping[str, Any]) -> tuple[list[DeploymentS
     """``build_application``, and its warnings too, for the deploy to show the user: one
     per option set in code that fleetplane does not act on (each also logged)."""
     app = app_config["name"]
+    target = import_target(app, app_config["import_path"])
     try:
-        target = import_attr(app_config["import_path"])
         found = _discover(app, target, app_config.get("args") or {})
     except BuildError:
         raise
-    except Exception:  # the user's import or builder failed: surface their traceback
-        raise BuildError(app, f"importing '{app_config['import_path']}' failed:\n"
-                         + traceback.format_exc(limit=-8)) from None
+    except Exception as e:  # Serve's graph could not be read: say so, traceback behind
+        raise BuildError(app, f"import_path '{app_config['import_path']}': building the "
+                         f"application raised {exception_line(e)}",
+                         traceback.format_exc()) from None
     overrides = {d["name"]: d for d in app_config.get("deployments") or []}
     unknown = sorted(set(overrides) - {f.name for f in found})
     if unknown:
@@ -114,23 +113,25 @@ def _discover(app: str, target: Any, args: Mapping[str, Any]) -> list[_Found]:
     """Ingress first, then every other deployment of the bound graph (each once)."""
     from ray.serve.deployment import Application, Deployment
 
-    if isinstance(target, Deployment):
+    unbound = isinstance(target, Deployment)
+    if unbound:
         target = target.bind()
+    args_from = "args"
     if _is_builder(target, args):
         target = _call_builder(app, target, args)
         if not isinstance(target, Application) and not inspect.isclass(target):
             raise BuildError(app, "the application builder must return a Serve application "
                              f"or a class, got {type(target).__name__}")
-        args = {}
+        args, args_from = {}, "builder"
     if isinstance(target, Application) and args:  # Serve refuses them too
         raise BuildError(app, "args are set, but import_path names a built Serve application, "
                          "which takes none; remove args, or point import_path at a builder")
     if isinstance(target, Application):
         found: dict[str, _Found] = {}
-        _walk_serve_app(app, target, found)
+        _walk_serve_app(app, target, found, "unbound" if unbound else "bind")
         return list(found.values())
     if inspect.isclass(target) or inspect.isfunction(target):
-        return [_Found(target.__name__, target, (), dict(args), {})]
+        return [_Found(target.__name__, target, (), dict(args), {}, args_from=args_from)]
     raise BuildError(app, f"import_path names a {type(target).__name__}; expected a class, a "
                      "function, or a Ray Serve application (serve.deployment(...).bind())")
 
@@ -168,7 +169,7 @@ def _call_builder(app: str, builder: Any, args: Mapping[str, Any]) -> Any:
                          f"{len(params)}")
     model = _model_type(_annotations(builder).get(params[0]))
     if model is None:
-        return builder(dict(args))
+        return _run_builder(app, builder, dict(args))
     try:
         typed = model.model_validate(dict(args))
     except ValidationError as exc:
@@ -178,7 +179,16 @@ def _call_builder(app: str, builder: Any, args: Mapping[str, Any]) -> Any:
         raise BuildError(app, f"args do not fit {model.__name__}, the type of "
                          f"{builder.__qualname__}()'s parameter '{params[0]}':{problems}\n"
                          f"fix args in the config") from None
-    return builder(typed)
+    return _run_builder(app, builder, typed)
+
+
+def _run_builder(app: str, builder: Any, args: Any) -> Any:
+    try:
+        return builder(args)
+    except Exception as e:  # the user's builder: one line, their traceback behind it
+        raise BuildError(app, f"import_path '{builder.__module__}:{builder.__qualname__}': "
+                         f"the application builder raised {exception_line(e)}",
+                         traceback.format_exc()) from None
 
 
 def _annotations(function: Any) -> dict[str, Any]:
@@ -202,7 +212,8 @@ def _application_type() -> type:
     return Application
 
 
-def _walk_serve_app(app: str, node: Any, found: dict[str, _Found]) -> DeploymentRef:
+def _walk_serve_app(app: str, node: Any, found: dict[str, _Found],
+                    args_from: str = "bind") -> DeploymentRef:
     from ray.serve.deployment import Application
 
     dep = node._bound_deployment
@@ -214,7 +225,7 @@ def _walk_serve_app(app: str, node: Any, found: dict[str, _Found]) -> Deployment
             dep.name, dep.func_or_class,
             tuple(swap(a) for a in dep.init_args),
             {k: swap(v) for k, v in dep.init_kwargs.items()},
-            options, ignored)
+            options, ignored, args_from=args_from)
     return DeploymentRef(app, dep.name)
 
 
@@ -259,8 +270,9 @@ def _merged_options(app: str, found: _Found, override: Mapping[str, Any]) -> dic
     """Code's options with the config's laid over them, checked by the schema.
 
     The config's sizing (num_replicas or autoscaling_config) replaces the code's other
-    one. ``ray_actor_options`` stays out of the check: code may set any option Ray takes,
-    more than the config's model knows, and Ray checks them when it creates the actor.
+    one. Of ``ray_actor_options`` only the amounts reserved (``_CHECKED_ACTOR_OPTIONS``)
+    are checked, against the config's bounds: code may set any option Ray takes, more than
+    the config's model knows, and Ray checks the rest when it creates the actor.
     """
     chosen = {k: v for k, v in found.code_options.items() if v is not None}
     config_set = _config_options(override, chosen.get("autoscaling_config"))
@@ -270,6 +282,9 @@ def _merged_options(app: str, found: _Found, override: Mapping[str, Any]) -> dic
         chosen.pop("autoscaling_config", None)
     chosen.update(config_set)
     actor_options = chosen.pop("ray_actor_options", None)
+    if actor_options:
+        chosen["ray_actor_options"] = {k: v for k, v in actor_options.items()
+                                       if k in _CHECKED_ACTOR_OPTIONS and v is not None}
     source = f"application '{app}', deployment '{found.name}'"
     try:
         checked = check_deployment_options(chosen, source)
@@ -298,7 +313,9 @@ def _config_options(override: Mapping[str, Any], code_scaling: dict | None) -> d
 def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, Any],
           ingress: bool) -> DeploymentSpec:
     options = {**DEPLOYMENT_DEFAULTS, **_merged_options(app_config["name"], found, override)}
-    _check_user_config(app_config["name"], found, options["user_config"])
+    check_user_config(app_config["name"], found.name, found.target, options["user_config"])
+    check_constructor(app_config["name"], found.name, found.target, found.args, found.kwargs,
+                      found.args_from)
     if options["autoscaling_config"] is not None:  # the schema rejects setting both
         options["num_replicas"] = initial_target(
             AutoscalingPolicy.from_config(options["autoscaling_config"]))
@@ -324,17 +341,6 @@ def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, A
         backpressure_config=backpressure, ray_actor_options=actor_options,
         route_prefix=app_config.get("route_prefix") if ingress else None,
         runtime_env=runtime_env)
-
-
-def _check_user_config(app: str, found: _Found, user_config: Any) -> None:
-    """A ``user_config`` needs a ``reconfigure(self, config)`` to go to: refused here,
-    before anything runs, rather than failing in every replica."""
-    if user_config is None or callable(getattr(found.target, "reconfigure", None)):
-        return
-    kind = "class" if isinstance(found.target, type) else "function deployment"
-    raise BuildError(app, f"deployment '{found.name}' sets user_config but its {kind} "
-                     f"has no reconfigure(self, config) method to receive it; add one or "
-                     f"remove user_config")
 
 
 def _code_identity(found: _Found) -> list:

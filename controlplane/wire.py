@@ -36,6 +36,24 @@ REPLICA_ACTOR_CLASS = "replicas.replica:Replica"
 
 
 @dataclass(frozen=True)
+class HTTPLimits:
+    """What one HTTP client may send: ``http_options``' limits, as each listener (a proxy,
+    or a direct-ingress replica) enforces them (``controlplane.routing.http_limits``).
+    The defaults are ``config.HTTPOptions``'s, where each is explained."""
+
+    max_request_body_bytes: int = 64 * 2**20
+    max_header_bytes: int = 64 * 2**10
+    request_header_timeout_s: float = 30.0
+    keep_alive_timeout_s: float = 90.0
+
+    @classmethod
+    def from_http_options(cls, http_options: dict) -> HTTPLimits:
+        """The limits of an ``http_options`` dict; a key it lacks keeps its default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in http_options.items() if k in names})
+
+
+@dataclass(frozen=True)
 class DirectIngressInit:
     """An ingress replica in ``http_options.ingress: haproxy`` mode serves HTTP itself,
     on an ephemeral port of ``host``, behind its node's HAProxy."""
@@ -46,6 +64,7 @@ class DirectIngressInit:
     status_code: int = 503  # a backpressure rejection's status
     retry_after_s: float | None = None
     deregistration_window_s: float = 2.0  # reachable after HAProxy stopped sending it work
+    limits: HTTPLimits = HTTPLimits()  # the same limits as the proxy's
 
 
 @dataclass(frozen=True)

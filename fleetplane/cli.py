@@ -2,7 +2,8 @@
 
 Exit codes: 0 ok; 1 the instance refused or failed (bad code, no instance, timeout, a
 status filter naming no application or deployment); 2 the config file is invalid
-(nothing was changed).
+(nothing was changed). Errors are one line each (``cli_errors``); ``--verbose``, before or
+after the command, adds the traceback.
 """
 
 from __future__ import annotations
@@ -14,20 +15,21 @@ import sys
 import time
 
 from controlplane.config import ignored_fields, load_deploy_config
-from controlplane.errors import BuildError, ConfigError, DeployRejected, NoInstance
-from controlplane.status import UnknownName
+from controlplane.errors import NoInstance
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from fleetplane.cli_cluster import add_cluster_parser, cmd_start_local_cluster
+from fleetplane.cli_errors import EXIT_BAD_CONFIG, EXIT_OK, report
 from fleetplane.cli_probe import add_probe_parser, cmd_probe
 from fleetplane.cli_profile import add_profile_parser, cmd_profile
 from fleetplane.progress import progress_lines, render_table, total_replicas
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
+_VERBOSE_HELP = "on an error, print the traceback too"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleetplane", description="A model-serving control "
                                 "plane made of Ray actors.")
+    p.add_argument("--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="start an embedded local Ray (or join --address), deploy "
                          "CONFIG, show progress, serve until Ctrl-C, then stop everything")
@@ -63,7 +65,16 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--workers", type=int, default=2, help="CPU worker pods (default 2)")
     render.add_argument("--gb10-workers", type=int, default=0,
                         help="GB10 worker pods: resources {GB10: 1} and one GPU (default 0)")
+    _verbose_after(*sub.choices.values(), render)
     return p
+
+
+def _verbose_after(*commands: argparse.ArgumentParser) -> None:
+    """``--verbose`` after the command too. SUPPRESS: absent there, the command's parser
+    leaves the value set before the command as it is."""
+    for command in {id(c): c for c in commands}.values():  # aliases share a parser
+        command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help=_VERBOSE_HELP)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,14 +85,11 @@ def main(argv: list[str] | None = None) -> int:
                 "start-local-cluster": cmd_start_local_cluster, "k8s": cmd_k8s}
     try:
         return handlers[args.command](args)
-    except ConfigError as e:
-        print(f"error: {e}\nnothing was changed.", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    except Exception as e:  # outermost: one clear line, not a Ray stack
-        if isinstance(e, (NoInstance, DeployRejected, BuildError, TimeoutError, UnknownName)):
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_FAILED
-        raise
+    except Exception as e:  # outermost: one clear line per problem, not a Ray stack
+        # A refused deploy changed nothing on an instance that keeps running; an embedded
+        # `run` has stopped everything it started by now, and has said so.
+        refused = args.command == "deploy" or (args.command == "run" and bool(args.address))
+        return report(e, sys.stderr, verbose=args.verbose, refused=refused)
 
 
 def _say(start: float, text: str) -> None:
@@ -127,6 +135,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signum, _interrupt)
     record_instance()
     _say(start, f"Ray ready ({'joined ' + args.address if args.address else 'embedded, local'})")
+    if not args.address:  # what this machine now exposes (README: "What to protect")
+        from controlplane.admin_surface import auth_line, cluster_token_auth_on
+
+        _say(start, auth_line(cluster_token_auth_on())[0])
     client = Client()
     deployed = False
     try:

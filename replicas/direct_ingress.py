@@ -1,6 +1,7 @@
 """Direct ingress: a replica serving HTTP itself, behind its node's HAProxy.
 
-The same semantics as through the proxy: the route prefix (404 outside it), a Starlette
+The same semantics as through the proxy: the route prefix (404 outside it), the same
+HTTP limits (``http_options``' body and head sizes and timeouts), a Starlette
 ``Request`` for user code, streamed responses, WebSockets to an ``@serve.ingress`` app
 (HAProxy passes the upgraded connection through), a user exception as a 500 with its
 message, backpressure (``max_ongoing_requests`` + ``max_queued_requests``) as the
@@ -22,8 +23,10 @@ from typing import Any, Awaitable, Callable
 
 import uvicorn
 
-from controlplane.routing.asgi import read_body, respond
+from controlplane.routing.asgi import respond
 from controlplane.routing.bind import bind_host
+from controlplane.routing.http_connection import server_config
+from controlplane.routing.http_limits import BodyTooLarge, read_body, refuse_body
 from controlplane.wire import DirectIngressInit, HTTPRequestData
 
 logger = logging.getLogger(__name__)
@@ -44,6 +47,7 @@ class DirectIngressApp:
         self._config, self._serve, self._load = config, serve, load
         self._capacity, self._healthy = capacity, healthy
         self._websocket = websocket  # an @serve.ingress app's WebSockets, or None
+        self.limits = config.limits  # http_options' limits, as the proxy's
         self.leaving = False
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -66,7 +70,12 @@ class DirectIngressApp:
         elif self._full():
             await self._reject(send)
         else:
-            body = await read_body(receive)
+            try:
+                body = await read_body(receive, scope["headers"],
+                                       self._config.limits.max_request_body_bytes)
+            except BodyTooLarge as e:
+                await refuse_body(send, e)
+                return
             if body is None:
                 return
             await self._serve(HTTPRequestData(
@@ -99,9 +108,7 @@ class DirectIngress:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((self._host, 0))
         self.address = f"{self._host}:{sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", access_log=False,
-            timeout_keep_alive=30))
+        self._server = uvicorn.Server(server_config(self.app, self.app.limits))
         self._serving = asyncio.get_running_loop().create_task(
             self._server.serve(sockets=[sock]))
         while not self._server.started:

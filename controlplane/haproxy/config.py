@@ -12,7 +12,11 @@ application route, servers added at run time (dynamic servers, no reload per rep
 - ``/-/healthz`` and ``/-/routes`` answered by HAProxy itself, ``/metrics`` by the
   ingress actor: HAProxy's Prometheus exporter (``haproxy_*``: per backend and server, i.e.
   per deployment and replica) and fleetplane's figures (``haproxy/metrics.py``); an
-  unknown path is a 404.
+  unknown path is a 404;
+- ``http_options``' head timeout and keep-alive idle (``HTTPLimits``) as HAProxy's
+  ``timeout http-request`` and ``timeout http-keep-alive``; body and head sizes are the
+  replicas' (``replicas/direct_ingress.py``), except that HAProxy itself refuses a head
+  over its buffer (``tune.bufsize``, 16 KiB: about 15 KiB of head) with a 400.
 
 A reload's old worker passes its listeners to the new worker and keeps the responses it
 is sending. ``option idle-close-on-response``: a client's idle keep-alive connection there
@@ -29,6 +33,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from controlplane.wire import HTTPLimits
 
 
 def backend_name(deployment_key: str) -> str:
@@ -80,7 +86,7 @@ class Paths:
 def render(paths: Paths, host: str, port: int, routes: dict[str, str],
            servers: dict[str, dict[str, str]] | None = None,
            maxconn: dict[str, int] | None = None, timeout_server_s: float = 300.0,
-           draining: bool = False) -> str:
+           draining: bool = False, limits: HTTPLimits = HTTPLimits()) -> str:
     """``routes``: route prefix -> "app/deployment" of the application's ingress;
     ``servers``: backend -> server -> "host:port", the members at this (re)load, written
     in so that a reload's new worker serves at once (later changes: runtime API);
@@ -99,7 +105,8 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         "    log global",
         "    timeout connect 2s",
         "    timeout client 120s",
-        "    timeout http-request 30s",
+        f"    timeout http-request {_ms(limits.request_header_timeout_s)}",
+        f"    timeout http-keep-alive {_ms(limits.keep_alive_timeout_s)}",
         f"    timeout server {int(timeout_server_s)}s",
         "    timeout tunnel 1h",  # an upgraded connection (a WebSocket) may idle this long
         "    retries 3",
@@ -145,6 +152,10 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
               "    http-request return status 404 content-type text/plain "
               "string \"no route\""]
     return "\n".join(lines) + "\n"
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def _quoted(text: str) -> str:

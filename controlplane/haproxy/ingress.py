@@ -38,7 +38,7 @@ from controlplane.proxy import listen_socket
 from controlplane.routing.bind import bind_host
 from controlplane.routing.subscriber import RoutingSubscriber
 from controlplane.settings import Settings
-from controlplane.wire import RoutesUpdate, RoutingUpdate
+from controlplane.wire import HTTPLimits, RoutesUpdate, RoutingUpdate
 
 logger = logging.getLogger(__name__)
 _SWEEP_S = 1.0  # crash check and deletion of servers that left
@@ -120,7 +120,8 @@ class HAProxyIngress:
         maxconn = self._maxconn()
         draining = self._draining
         start_or_reload(render(self._process.paths, bind_host(self._http["host"]),
-                               self._http["port"], routes, servers, maxconn, draining=draining))
+                               self._http["port"], routes, servers, maxconn, draining=draining,
+                               limits=HTTPLimits.from_http_options(self._http)))
         self._servers, self._loaded_routes, self._loaded_draining = servers, routes, draining
 
     # ---- desired state, from the long-polls ------------------------------------------

@@ -1,4 +1,5 @@
-"""The one ASGI response helper of the proxy and the data plane."""
+"""The one ASGI response helper of the proxy and the data plane (a request body is read
+within its limit by ``http_limits.read_body``)."""
 
 from __future__ import annotations
 
@@ -22,19 +23,6 @@ async def respond(send: Any, status: int, body: bytes | str,
 def rejection_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     """``BackpressureError.headers()`` as ASGI header pairs."""
     return [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-
-
-async def read_body(receive: Any) -> bytes | None:
-    """A request's whole body; None when the client disconnected first (never a
-    truncated body)."""
-    chunks, more = [], True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    return b"".join(chunks)
 
 
 def header_value(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str:

@@ -81,6 +81,8 @@ class HttpModel:
             return "slept"
         if kind == "error":
             raise ValueError("bad input from the user's code")
+        if kind == "size":  # the request body's length, as received
+            return str(len(await request.body()))
         return f"hello from {request.url.path}"
 
 

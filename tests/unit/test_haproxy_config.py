@@ -81,3 +81,26 @@ def test_a_draining_node_fails_readiness_and_still_answers_the_rest(tmp_path):
         assert urllib.request.urlopen(f"{url}/-/routes", timeout=5).status == 200
     finally:
         haproxy.stop()
+
+
+def test_http_options_head_timeout_and_keep_alive_are_haproxys(tmp_path):
+    """haproxy mode honours request_header_timeout_s (a slow head is cut) and
+    keep_alive_timeout_s, as the proxy does; a real HAProxy, loopback."""
+    import socket
+
+    from controlplane.wire import HTTPLimits
+    from tests import abuse_clients as abuse
+
+    limits = HTTPLimits(request_header_timeout_s=0.5, keep_alive_timeout_s=7.25)
+    text = render(Paths(tmp_path), "127.0.0.1", 8000, {"/web": "web/M"}, limits=limits)
+    assert "    timeout http-request 500ms" in text and "    timeout http-keep-alive 7250ms" in text
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    haproxy = HAProxyProcess(Paths(tmp_path))
+    haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"}, limits=limits))
+    try:
+        seen = abuse.slowloris(port, "/-/routes", 0.1, timeout_s=5)
+        assert (seen.status, seen.closed) == (408, True) and seen.seconds < 3
+    finally:
+        haproxy.stop()

@@ -229,8 +229,11 @@ def test_an_ingress_whose_app_fails_to_import_is_a_build_error_naming_the_app() 
         build_application({"name": "shop", "import_path": "tests.unit.broken_ingress_app:app"})
     except BuildError as e:
         assert e.app == "shop"
-        assert "importing 'tests.unit.broken_ingress_app:app' failed" in e.message
-        assert "No module named 'a_dependency_that_is_not_installed'" in e.message
+        assert e.message == (
+            "import_path 'tests.unit.broken_ingress_app:app': importing module "
+            "'tests.unit.broken_ingress_app' raised ModuleNotFoundError: No module named "
+            "'a_dependency_that_is_not_installed'")
+        assert "broken_ingress_app.py" in e.detail  # the traceback, for --verbose
     else:
         raise AssertionError("a failing import built")
 

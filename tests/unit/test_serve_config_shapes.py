@@ -87,7 +87,8 @@ applications:
 
 SERVE_ONLY_PATHS = [
     "proxy_location", "grpc_options", "logging_config", "tracing_config", "target_capacity",
-    *(f"http_options.{f}" for f in ("root_path", "request_timeout_s", "keep_alive_timeout_s",
+    # keep_alive_timeout_s is acted on (config.HTTPOptions): the proxy's idle timeout
+    *(f"http_options.{f}" for f in ("root_path", "request_timeout_s",
                                     "ssl_keyfile", "ssl_certfile", "ssl_keyfile_password",
                                     "ssl_ca_certs", "middlewares")),
     "controller_options.runtime_env",
@@ -230,8 +231,8 @@ def test_num_replicas_auto_alone_is_kept_and_a_bad_count_is_one_error():
     cfg = parse_deploy_config(with_deployment(num_replicas="auto"))
     assert parse_deploy_config(config_to_dict(cfg)) == cfg
     [error] = errors_of(with_deployment(num_replicas="many"))
-    assert error == ("applications[0].deployments[0].num_replicas: must be a number of "
-                     "replicas (0 or more) or 'auto' (got: 'many')")
+    assert error == ("applications[0].deployments[0].num_replicas: must be 'auto' or a value "
+                     "from 0 to 100000 replicas (got: 'many')")
 
 
 # ---- builders ---------------------------------------------------------------------------

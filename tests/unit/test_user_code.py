@@ -257,21 +257,6 @@ def test_unknown_deployment_name_names_the_available_ones():
     assert "Adderr" in text and "[Router, Adder]" in text
 
 
-def test_bad_import_path_is_a_build_error_with_the_traceback():
-    with pytest.raises(BuildError) as info:
-        build("tests.unit.no_such_module:App", name="broken")
-    err = info.value
-    assert err.app == "broken"
-    assert "importing 'tests.unit.no_such_module:App' failed" in err.message
-    assert "Traceback (most recent call last)" in err.message
-    assert "ModuleNotFoundError" in err.message and "no_such_module" in err.message
-
-
-def test_missing_attribute_is_a_build_error_naming_it():
-    with pytest.raises(BuildError, match="AttributeError.*NoSuchApp"):
-        build(f"{APPS}:NoSuchApp")
-
-
 def test_build_error_pickles_with_its_fields():
     err = pickle.loads(pickle.dumps(BuildError("app", "boom")))
     assert (err.app, err.message, str(err)) == ("app", "boom", "application 'app': boom")
