@@ -88,6 +88,11 @@ class NoInstance(Exception):
         super().__init__(message)
 
 
+class ControllerGone(NoInstance):
+    """Ray runs, but no actor holds the controller's name: the instance was shut down
+    (a controller Ray is restarting keeps its name)."""
+
+
 class BackpressureError(Exception):
     """Overloaded: the router's queue is full. Answer ``status_code`` with ``headers()``.
 

@@ -14,7 +14,7 @@ from ray.exceptions import RayTaskError
 
 from controlplane.config import DeployConfig, config_to_dict
 from controlplane.controller import Controller
-from controlplane.errors import ControllerUnavailable, NoInstance
+from controlplane.errors import ControllerGone, ControllerUnavailable, NoInstance
 from controlplane.instance_record import write_record
 from controlplane.settings import Settings
 
@@ -83,8 +83,8 @@ class Client:
         try:
             return ray.get_actor(self.settings.controller_name, namespace=self.settings.namespace)
         except ValueError:
-            raise NoInstance("Ray is running but no fleetplane controller is; deploy with "
-                             "`fleetplane run CONFIG`") from None
+            raise ControllerGone("Ray is running but no fleetplane controller is; deploy "
+                                 "with `fleetplane run CONFIG`") from None
 
     def deploy(self, cfg: DeployConfig) -> dict:
         controller = self.controller()

@@ -15,7 +15,7 @@ import sys
 import time
 
 from controlplane.config import ignored_fields, load_deploy_config
-from controlplane.errors import NoInstance
+from controlplane.errors import ControllerGone, NoInstance
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from fleetplane.cli_cluster import add_cluster_parser, cmd_start_local_cluster
 from fleetplane.cli_errors import EXIT_BAD_CONFIG, EXIT_OK, report
@@ -152,6 +152,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _serve(client, start, args.start_timeout_s)
     except KeyboardInterrupt:
         _say(start, "stopping: draining replicas")
+    except ControllerGone:
+        _say(start, "the instance was shut down (`fleetplane shutdown`); stopping")
     finally:
         # A joined instance that refused this config keeps running as it was.
         if deployed or not args.address:
@@ -194,10 +196,20 @@ class _Supervision:
     def __init__(self, start: float) -> None:
         self._start, self._down = start, False
         self._seen: dict[str, tuple[int, bool]] = {}
+        self._gone = 0  # polls in a row that found no controller at all
 
     def status(self, client) -> dict | None:
+        """The summary, or None while the control plane does not answer; raises
+        ControllerGone once two polls in a row found no controller (shut down, not
+        restarting: Ray keeps a restarting actor's name)."""
         try:
             status = client.status(summary=True)  # every 2 s, forever: O(deployments)
+            self._gone = 0
+        except ControllerGone:
+            self._gone += 1
+            if self._gone >= 2:
+                raise
+            return None
         except Exception as e:  # NoInstance when restarting; anything else: say it, go on
             text = str(e) if isinstance(e, NoInstance) else f"{type(e).__name__}: {e}"
             if not self._down:

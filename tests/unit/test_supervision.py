@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from ray.exceptions import RayActorError
 
 from controlplane.clock import FakeClock
-from controlplane.errors import ControllerUnavailable
+from controlplane.errors import ControllerGone, ControllerUnavailable
 from controlplane.supervision import Supervisor
 from fleetplane.cli import _Supervision
 from tests.unit.virtual_time import run_virtual, wait_all_tasks_blocked
@@ -115,6 +116,18 @@ def test_run_reports_each_outage_and_restart_once(capsys):
         "control plane: shard_0 restarted by Ray and recovered (1 restart(s); last: killed)",
     ]  # a count back at 0 (the controller itself restarted) is not news
     assert all(asked == {"summary": True} for asked in client.asked)  # never every replica
+
+
+def test_run_ends_once_two_polls_in_a_row_find_no_controller_at_all():
+    """``fleetplane shutdown`` removed the controller (a restarting one keeps its name):
+    ``run`` stops instead of polling a dead instance for ever; one miss is not enough."""
+    client, watch = FakeClient(), _Supervision(start=0.0)
+    client.answers = [ControllerGone("none"), status(0), ControllerGone("none"),
+                      ControllerGone("none")]
+    assert watch.status(client) is None and watch.status(client) is not None
+    assert watch.status(client) is None
+    with pytest.raises(ControllerGone):
+        watch.status(client)
 
 
 def test_an_unwatched_actor_is_neither_recovered_nor_listed():
