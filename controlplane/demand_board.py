@@ -40,7 +40,7 @@ class DemandBoard:
     def __init__(self) -> None:
         self._reports: dict[str, tuple[RouterDemand, float]] = {}
         self._published: ClusterDemand | None = None
-        self._published_at = -math.inf
+        self._checked_at = -math.inf
         self.start_s: float | None = None  # EWMA of observed start durations
 
     def record(self, router_id: str, demand: RouterDemand, now: float) -> None:
@@ -67,17 +67,19 @@ class DemandBoard:
                              growth)
 
     def to_publish(self, now: float, replicas: ReplicaSet | None = None) -> ClusterDemand | None:
-        """The total when it is due for publication (changed, and the last one is at least
-        ``PUBLISH_INTERVAL_S`` old); None otherwise. Marks it published. The routers'
-        demand dropping to none is published once, as an empty total."""
-        if now - self._published_at < PUBLISH_INTERVAL_S:
-            return None
+        """The total when it changed since it was last published; looked at once per
+        ``PUBLISH_INTERVAL_S`` at most (the shard asks every tick); None otherwise. The
+        routers' demand dropping to none is published once, as an empty total."""
+        if (not self._reports and self._published is None) or \
+                now - self._checked_at < PUBLISH_INTERVAL_S:
+            return None  # nothing ever reported (O(1)), or looked at within the interval
+        self._checked_at = now
         total = self.total(now, replicas) or EMPTY
         if not (total.queued or total.drain_per_s or total.arrivals_per_s):
             total = EMPTY  # idle routers and silent ones say the same: no demand
         if total == (self._published or EMPTY):
             return None
-        self._published, self._published_at = total, now
+        self._published = total
         return total
 
     def _outlook(self, now: float, replicas: ReplicaSet) -> tuple[float | None, float]:

@@ -74,6 +74,7 @@ class RoutingSubscriber:
         self._demands = demands
         self._router_id = uuid.uuid4().hex[:12]
         self._busy: set[str] = set()  # keys whose last report had demand
+        self._shards: dict[int, Any] = {}  # shard index -> the handle its long-poll uses
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -120,6 +121,7 @@ class RoutingSubscriber:
         while True:
             try:
                 shard = self._get_actor(shard_actor_name(index), namespace=s.namespace)
+                self._shards[index] = shard  # demand reports go to the same handle
                 known = dict(self._known[index])
                 changes = await shard.listen_routing.remote(known, True)
             except Exception as e:
@@ -171,9 +173,9 @@ class RoutingSubscriber:
             else:
                 self._busy.add(key)
             index = next((i for i, known in self._known.items() if key in known), None)
-            if index is None:
+            shard = self._shards.get(index)
+            if shard is None:
                 continue
-            shard = self._get_actor(shard_actor_name(index), namespace=self._settings.namespace)
             shard.report_router_demand.remote(tuple(key.split("/", 1)), self._router_id, demand)
             sent += 1
         return sent

@@ -27,17 +27,17 @@ def test_the_board_sums_fresh_reports_and_forgets_silent_routers():
 
 def test_a_total_is_published_once_a_second_at_most_and_only_when_it_changed():
     board = DemandBoard()
-    assert board.to_publish(0.0) is None  # nobody reported: nothing to say
     board.record("a", RouterDemand(4, 2.0, 10.0), now=0.0)
     assert board.to_publish(0.0) == ClusterDemand(4, 2.0, 10.0, 1)
     board.record("a", RouterDemand(9, 2.0, 10.0), now=0.5)
-    assert board.to_publish(0.5) is None  # changed, but too soon
+    assert board.to_publish(0.5) is None  # changed, but looked at too recently
     assert board.to_publish(PUBLISH_INTERVAL_S) == ClusterDemand(9, 2.0, 10.0, 1)
     board.record("a", RouterDemand(9, 2.01, 10.0), now=2.0)
     assert board.to_publish(2.0) is None  # the same to two significant digits
     board.record("a", RouterDemand(0, 0.0, 0.0), now=3.0)
     assert board.to_publish(3.0) == EMPTY  # demand gone: said once...
     assert board.to_publish(9.0) is None  # ...and not again
+    assert DemandBoard().to_publish(0.0) is None  # nobody ever reported: nothing to say
 
 
 def test_the_outlook_of_a_scale_up_comes_from_observed_start_times():
@@ -160,9 +160,9 @@ def test_a_subscriber_reports_while_there_is_demand_and_once_when_it_ends():
     shard = type("Shard", (), {"report_router_demand": _Remote(calls)})()
     demands = {"app/model": RouterDemand(3, 1.0, 2.0), "app/idle": RouterDemand(0, 0.0, 0.0)}
     subscriber = RoutingSubscriber(Settings(), lambda key, update: None,
-                                   get_actor=lambda name, namespace: shard,
                                    demands=lambda: dict(demands))
     subscriber._known = {0: {"app/model": 1, "app/idle": 1}}
+    subscriber._shards = {0: shard}  # as its long-poll of shard 0 left it
     assert subscriber.report_demand_once() == 1  # the idle router says nothing
     assert calls[0][0] == ("app", "model") and calls[0][2] == RouterDemand(3, 1.0, 2.0)
     demands["app/model"] = RouterDemand(0, 0.0, 0.0)
