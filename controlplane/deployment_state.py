@@ -33,6 +33,7 @@ from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingSta
 from controlplane.config import AutoscalingConfig
 from controlplane.config_rollout import ConfigRollout
 from controlplane.count_plan import CountTargets, plan_from_counts
+from controlplane.demand_board import DemandBoard
 from controlplane.deployment_report import deployment_report, deployment_summary
 from controlplane.health.health_gate import ProbeOutcome
 from controlplane.health.health_stats import HealthTotals
@@ -43,7 +44,6 @@ from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent
 from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
 from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
                                     StartReplica, StopReplica, plan)
-from controlplane.demand_board import DemandBoard
 from controlplane.deployment_routing import DeploymentRouting
 from controlplane.replica_outcomes import ReplicaOutcomes
 from controlplane.replica_set import CountedMap, ReplicaSet

@@ -68,7 +68,6 @@ class ShardCore:
         self.last_tick_s = 0.0
         self._slice: asyncio.Handle | None = None  # the next slice, when one is due
         self.slices = 0  # slices run after ticks (a big plan's remainder)
-        self.longest_slice_s = 0.0  # since the last reset
         self.slice_observer: Callable[[float], None] | None = None  # each slice's seconds
 
     def _spawn(self, coro: Coroutine) -> asyncio.Task:
@@ -173,10 +172,8 @@ class ShardCore:
                 continue
             self._publish(dep_id, state)
         self.slices += 1
-        held_s = time.perf_counter() - started
-        self.longest_slice_s = max(self.longest_slice_s, held_s)
         if self.slice_observer is not None:
-            self.slice_observer(held_s)
+            self.slice_observer(time.perf_counter() - started)
         self._schedule_slice()
 
     def _tick_deployment(self, dep_id: DeploymentId, state: DeploymentState, now: float) -> bool:
