@@ -218,6 +218,13 @@ class RetrySchedule:
         return MAX_RETRY_AFTER_S
 
 
+def _earliest_s(wait_s: float, rng: random.Random) -> int:
+    """The first second a retry may be booked in: ``wait_s`` jittered, rounded up, clamped."""
+    wait_s *= rng.uniform(1 - JITTER_FRACTION, 1 + JITTER_FRACTION)
+    return min(MAX_RETRY_AFTER_S, math.ceil(wait_s)) if math.isfinite(wait_s) else \
+        MAX_RETRY_AFTER_S
+
+
 def arrival_aware_retry_after_s(queue_depth: int, drain: DrainRateEstimator,
                                 arrivals: DrainRateEstimator, schedule: RetrySchedule,
                                 static_s: float | None, rng: random.Random,
@@ -228,9 +235,7 @@ def arrival_aware_retry_after_s(queue_depth: int, drain: DrainRateEstimator,
     arriving = arrivals.rate_per_s(now) or 0.0
     fresh = max(0.0, arriving - schedule.due_now(now)) if math.isfinite(arriving) else rate
     room = max(rate - fresh, MIN_SPARE_FRACTION * rate)
-    wait = max(queue_depth, 0) / rate * rng.uniform(1 - JITTER_FRACTION, 1 + JITTER_FRACTION)
-    earliest = min(MAX_RETRY_AFTER_S, math.ceil(wait)) if math.isfinite(wait) else \
-        MAX_RETRY_AFTER_S
+    earliest = _earliest_s(max(queue_depth, 0) / rate, rng)
     return schedule.book(now, earliest, room)
 
 
@@ -260,9 +265,7 @@ def cluster_informed_retry_after_s(queue_depth: int, drain: DrainRateEstimator,
     eta, growth = demand.scaleup_eta_s, max(1.0, demand.capacity_growth)
     if eta is not None and wait > eta:  # the queue left at eta drains faster
         wait = eta + (wait - eta) / growth
-    wait *= rng.uniform(1 - JITTER_FRACTION, 1 + JITTER_FRACTION)
-    earliest = min(MAX_RETRY_AFTER_S, math.ceil(wait)) if math.isfinite(wait) else \
-        MAX_RETRY_AFTER_S
+    earliest = _earliest_s(wait, rng)
     fresh = max(0.0, demand.arrivals_per_s - schedule.due_now(now) / share)
 
     def room(delay: int) -> float:
