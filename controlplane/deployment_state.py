@@ -355,8 +355,11 @@ class DeploymentState(ReplicaOutcomes):
                                self.spec.id, row, e)
 
     def record_metrics(self, report: MetricReport, now: float) -> None:
-        if report.health is not None:  # before the policy check: health rides on every report
-            self.record_push(report.replica_id, report.health, now)
+        health = report.health
+        if health is not None and not (  # before the policy check: health rides on every report
+                health.healthy is True  # steady: watched, so serving (no record lookup)
+                and self.health.record_steady(report.replica_id, health.checked_at, now)):
+            self.record_push(report.replica_id, health, now)
         if self._policy is not None and report.replica_id in self.replicas:
             self._metrics.record(report, received_at=now)
 

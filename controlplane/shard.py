@@ -16,7 +16,6 @@ counted in ``tick_errors_total`` and its traceback logged only when the error ch
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from typing import Any, Callable, Coroutine
@@ -40,13 +39,6 @@ logger = logging.getLogger(__name__)
 _TICK_BACKOFF = ErrorBackoff(initial_s=0.1, max_s=30.0)
 
 
-@functools.lru_cache(maxsize=4096)
-def _dep_id(key: tuple[str, str]) -> DeploymentId:
-    """The id of a report's key: made once per deployment, not once per report (issue 13:
-    making and hashing one per call was 7% of a 16K ingest profile)."""
-    return DeploymentId(*key)
-
-
 class ShardCore:
     """Everything a shard does, without Ray: the actor below only wires the real client."""
 
@@ -58,6 +50,9 @@ class ShardCore:
         self._ingress = ingress  # haproxy mode's phase 1 of a stop (IngressDeregistrar)
         self._clock = clock
         self._deployments: dict[DeploymentId, DeploymentState] = {}
+        # The same states by the (app, name) tuple replicas report with: a C-level hash
+        # per report, where a DeploymentId's is interpreted (issue 13).
+        self._by_key: dict[tuple[str, str], DeploymentState] = {}
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self.routing = LongPollHost()  # key: str(DeploymentId) -> routing payload
@@ -94,6 +89,7 @@ class ShardCore:
             state = self._deployments.get(spec.id)
             if state is None:  # new here: first take over its live replicas, if any
                 self._deployments[spec.id] = state = self._new_state(spec)
+                self._by_key[(spec.id.app, spec.id.name)] = state
                 state.set_node_drains(self._drains)
                 state.adopt_existing()
             else:
@@ -135,6 +131,7 @@ class ShardCore:
                 continue
             if state.finished_deleting:
                 del self._deployments[dep_id]
+                del self._by_key[(dep_id.app, dep_id.name)]
                 self._tick_backoffs.pop(dep_id, None)
                 self.routing.remove(str(dep_id))
                 continue
@@ -213,8 +210,15 @@ class ShardCore:
     def deployment(self, dep_id: DeploymentId) -> DeploymentState | None:
         return self._deployments.get(dep_id)
 
+    def _reported(self, key: tuple[str, str]) -> DeploymentState | None:
+        """The deployment a report names, if this shard owns it."""
+        try:
+            return self._by_key.get(key)
+        except TypeError:  # not a tuple (a list, say): slow but still answered
+            return self._deployments.get(DeploymentId(*key))
+
     def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
-        state = self._deployments.get(_dep_id(key))
+        state = self._reported(key)
         if state is not None:
             state.record_metrics(report, self._clock.monotonic())
 
@@ -224,26 +228,26 @@ class ShardCore:
         now = self._clock.monotonic()
         self.health_totals.batches_total += 1
         for key, rows in batch.items():
-            state = self._deployments.get(_dep_id(key))
+            state = self._reported(key)
             if state is not None:
                 state.record_rows(rows, now)
 
     def report_router_demand(self, key: tuple[str, str], router_id: str,
                              demand: RouterDemand) -> None:
         """A router's queue and rates (``cluster_informed``), at most once a second."""
-        state = self._deployments.get(_dep_id(key))
+        state = self._reported(key)
         if state is not None:
             state.record_router_demand(router_id, demand, self._clock.monotonic())
 
     def report_model_ids(self, key: tuple[str, str], replica_id: str,
                          ids: tuple[str, ...]) -> None:
-        state = self._deployments.get(DeploymentId(*key))
+        state = self._reported(key)
         if state is not None:
             state.record_model_ids(replica_id, ids)
 
     def report_health(self, key: tuple[str, str], replica_id: str, health: PushedHealth) -> None:
         """A heartbeat: pushed health without a metric report."""
-        state = self._deployments.get(DeploymentId(*key))
+        state = self._reported(key)
         if state is not None:
             state.record_push(replica_id, health, self._clock.monotonic(), via_heartbeat=True)
 

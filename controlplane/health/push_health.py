@@ -13,8 +13,9 @@ Invariants:
 - O(changes) per tick: a tick touches only replicas whose push arrived since the last
   tick (the registry's dirty set) and replicas whose visit is due (the deadline queue),
   plus, once per early-ended stall episode, the holds it retracts. A steady deployment
-  whose pushes are fresh costs one visit per replica per 1.5 health periods, lazily
-  re-armed: arrivals never touch the queue.
+  whose pushes are fresh costs no visit at all: each steady push moves its replica's
+  deadline to the end of the queue's in-order line (O(1)), so only a replica that went
+  quiet for 1.5 periods is visited.
 - Every watched replica has exactly one of: a pending visit, or a probe in flight (whose
   resolution schedules the next visit). At most one probe per replica is in flight.
 - The stall guard hears only replicas that have a registry entry and whose push is stale.
@@ -127,7 +128,7 @@ class DeploymentHealth:
                 or not self.registry.advance(replica_id, checked_at, received_at)):
             return False
         state.push_received_at = received_at
-        self._due.schedule(replica_id, received_at + self._stale_s)
+        self._due.schedule_in_order(replica_id, received_at + self._stale_s)
         return True
 
     def record_values(self, replica_id: str, healthy: bool, checked_at: float, failures: int,
