@@ -218,7 +218,10 @@ class ShardCore:
             return self._deployments.get(DeploymentId(*key))
 
     def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
-        state = self._reported(key)
+        try:  # ``_reported``, inline: this is once per replica report
+            state = self._by_key.get(key)
+        except TypeError:
+            state = self._reported(key)
         if state is not None:
             state.record_metrics(report, self._clock.monotonic())
 

@@ -124,6 +124,7 @@ class IntervalWindows:
             raise ValueError(f"window_s must be > 0, got {window_s}")
         self._window_s = window_s
         self._start: float | None = None  # start of the current window
+        self._roll_at = -math.inf  # when the current window ends (-inf: none yet)
         self._current = _Window()
         self._previous = _Window()
         self._count = 0
@@ -131,7 +132,7 @@ class IntervalWindows:
     def record(self, interval_s: float, now: float) -> None:
         if interval_s < 0:
             raise ValueError(f"interval_s must be >= 0, got {interval_s}")
-        if self._start is None or now - self._start >= self._window_s:
+        if now >= self._roll_at:  # one compare per push (issue 13)
             self._roll(now)
         pending = self._current.pending
         pending.append(interval_s)
@@ -141,7 +142,7 @@ class IntervalWindows:
 
     def _roll(self, now: float) -> None:
         if self._start is None:
-            self._start = now
+            self._start, self._roll_at = now, now + self._window_s
             return
         elapsed = now - self._start
         if elapsed < self._window_s:
@@ -151,6 +152,7 @@ class IntervalWindows:
         self._previous = self._current if elapsed < 2 * self._window_s else _Window()
         self._current = _Window()
         self._start = now if elapsed >= 2 * self._window_s else self._start + self._window_s
+        self._roll_at = self._start + self._window_s
 
     def snapshot(self, now: float) -> IntervalStats:
         """The windows as of ``now``, without mutating them (a read is not a roll)."""
