@@ -37,6 +37,7 @@ from controlplane.errors import DeployRejected
 from controlplane.health.health_stats import merge_all
 from controlplane.long_poll import LongPollHost
 from controlplane.nodes import NodeChanges, NodeInfo, NodeWatch, node_rows, read_nodes
+from controlplane.priority import take_control_priority
 from controlplane.proxy_fleet import ProxyFleet
 from controlplane.settings import REPORTER_PREFIX, Settings, shard_actor_name
 from controlplane.shard import ControllerShard
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 class Controller:
     def __init__(self, settings: dict) -> None:
+        take_control_priority("controller")
         self._settings_dict = settings
         self._settings = Settings.from_dict(settings)
         self._lock = asyncio.Lock()

@@ -33,6 +33,7 @@ import ray
 import uvicorn
 
 from controlplane.clock import SystemClock
+from controlplane.priority import take_control_priority
 from controlplane.proxy_fleet import proxy_actor_name
 from controlplane.proxy_metrics import ProxyMetrics
 from controlplane.routing.asgi import respond
@@ -237,6 +238,7 @@ class Proxy:
 
     def __init__(self, settings: dict, http_options: dict, index: int = 0,
                  listeners: int = 1, exclusive: bool = True) -> None:
+        take_control_priority(f"proxy listener {index}")
         self._settings = Settings.from_dict(settings)
         self._http = http_options
         self._index, self._listeners = index, listeners

@@ -25,6 +25,7 @@ from controlplane.deployment_state import DeploymentState
 from controlplane.haproxy.deregister import IngressDeregistrar
 from controlplane.health.health_stats import HealthTotals
 from controlplane.long_poll import LongPollHost
+from controlplane.priority import take_control_priority
 from controlplane.replica_client import RayReplicaClient, ReplicaClient
 from controlplane.replica_ops import ReplicaOps
 from controlplane.routing.backoff import ErrorBackoff
@@ -291,6 +292,7 @@ class ControllerShard:
     """The Ray actor. Created by the controller as a named, detached actor."""
 
     def __init__(self, index: int, settings: dict) -> None:
+        take_control_priority(f"shard {index}")
         parsed = Settings.from_dict(settings)
         self._core = ShardCore(index, parsed, RayReplicaClient(parsed.namespace), SystemClock(),
                                IngressDeregistrar(parsed.namespace))

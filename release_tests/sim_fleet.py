@@ -38,6 +38,7 @@ import ray
 from controlplane.clock import SystemClock
 from controlplane.health.health_gate import stale_after_s
 from controlplane.lifecycle import SERVING_STATES
+from controlplane.priority import take_control_priority
 from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, call_replica
 from controlplane.settings import ReplicaSettings, Settings, ShardSettings, shard_actor_name
 from controlplane.shard import ControllerShard, ShardCore
@@ -81,6 +82,9 @@ class SimHost:
     TURN_S = 0.05  # scheduler resolution; adds at most this to a report's interval
 
     def __init__(self, push: bool, seed: int = 0, batch_interval_s: float = 0.0) -> None:
+        # It is its replicas' node reporter, and they stand for replicas on other nodes,
+        # whose CPUs a busy controller machine does not take: not Ray's niceness 15.
+        take_control_priority("sim host")
         self._push = push
         # Batched: this host stands for a node and its reporter (``NodeReporter``): its
         # replicas' rows go into the same ``ReportBatcher``, one batch per interval.
@@ -284,6 +288,7 @@ class SimShard(ControllerShard):
     """A real ``ControllerShard`` over simulated replicas, with the harness's recorder."""
 
     def __init__(self, index: int, settings: dict, hosts: list, period_s: float) -> None:
+        take_control_priority(f"shard {index}")  # as ControllerShard.__init__ does
         parsed = Settings.from_dict(settings)
         self._recorder = UpdateRecorder(stale_after_s(period_s))
         self._client = SimReplicaClient(parsed.namespace, hosts, self._recorder)

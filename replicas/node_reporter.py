@@ -31,6 +31,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from controlplane.clock import Clock
+from controlplane.priority import take_control_priority
 from controlplane.settings import reporter_actor_name
 from controlplane.wire import Batch, DeploymentKey, ReplicaInit, ReportRow
 from replicas.report_batch import ReportBatcher
@@ -49,6 +50,7 @@ class NodeReporter:
     def __init__(self, namespace: str, interval_s: float) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        take_control_priority("node reporter")
         self._namespace = namespace
         self._interval_s = interval_s
         self._batcher = ReportBatcher(max(MIN_STUCK_AFTER_S, STUCK_AFTER_INTERVALS * interval_s))

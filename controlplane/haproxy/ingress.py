@@ -34,6 +34,7 @@ from controlplane.haproxy.config import Paths, render
 from controlplane.haproxy.guard import start_guard
 from controlplane.haproxy.metrics import IngressMetrics
 from controlplane.haproxy.process import HAProxyProcess
+from controlplane.priority import take_control_priority
 from controlplane.proxy import listen_socket
 from controlplane.routing.bind import bind_host
 from controlplane.routing.subscriber import RoutingSubscriber
@@ -55,6 +56,7 @@ class HAProxyIngress:
 
     def __init__(self, settings: dict, http_options: dict, index: int = 0,
                  listeners: int = 1, exclusive: bool = True) -> None:
+        take_control_priority("haproxy ingress")  # before HAProxy starts: it inherits it
         self._settings = Settings.from_dict(settings)
         self._http = http_options
         node_id = ray.get_runtime_context().get_node_id()

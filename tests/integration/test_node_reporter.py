@@ -8,10 +8,13 @@ the test kills its reporter.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import ray
+from ray._private.state import actors
 
-from controlplane.settings import REPORTER_PREFIX
+from controlplane.settings import REPORTER_PREFIX, shard_actor_name
 from tests.integration import conftest
 from tests.integration.conftest import app, dep_status, deploy, own_fleet, settled, wait_for
 
@@ -30,6 +33,13 @@ def reporters() -> list[str]:
             if a["namespace"] == NAMESPACE and a["name"].startswith(REPORTER_PREFIX)]
 
 
+def niceness(actor_name: str) -> set[int]:
+    """The niceness of every thread of the named actor's process."""
+    handle = ray.get_actor(actor_name, namespace=NAMESPACE)
+    pid = actors(handle._actor_id.hex())["Pid"]  # the GCS's table: no dashboard needed
+    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
 def test_reports_travel_in_node_batches_and_survive_a_killed_reporter(fleet):
     with own_fleet(NAMESPACE) as client:
         deploy(client, app(APP, "tests.integration.health_apps:Breakable", deployments=[{
@@ -39,6 +49,12 @@ def test_reports_travel_in_node_batches_and_survive_a_killed_reporter(fleet):
         status = wait_for(client, lambda s: health(s)["report_batches_total"] >= 3,
                           what="batches from the node reporter")
         assert len(reporters()) == 1  # one node, one reporter, whichever replica made it
+        # The control plane runs at the raylet's niceness, the replicas at Ray's (this suite
+        # runs as root, which may renice; priority.py's units cover the rest).
+        if os.geteuid() == 0:
+            assert niceness(reporters()[0]) == {0}
+            assert niceness(shard_actor_name(0)) == {0}
+            assert max(niceness(next(iter(original.values()))["actor_name"])) > 0
 
         # A flip to unhealthy does not wait for a batch: the shard shows it.
         victim = next(iter(original.values()))
