@@ -41,7 +41,8 @@ import pyarrow.parquet as pq
 
 from controlplane.routing.retry_after import POLICIES
 from release_tests.machine import describe, describe_line
-from release_tests.retry_after_sim import SHAPES, PolicyRow, SimConfig, metrics, simulate
+from release_tests.retry_after_shapes import SHAPES
+from release_tests.retry_after_sim import PolicyRow, SimConfig, metrics, simulate
 from release_tests.scale import RESULTS
 
 MODES = ("once", "until")

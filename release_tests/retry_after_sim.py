@@ -36,19 +36,20 @@ seeded from it (arrivals, the router split, each router's own rng, handler times
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from controlplane.clock import FakeClock
+from controlplane.demand_board import DemandBoard
 from controlplane.errors import BackpressureError
+from controlplane.lifecycle import ReplicaState
 from controlplane.routing.router import Router
 from controlplane.routing.routing_config import RoutingConfig
-from controlplane.demand_board import DemandBoard
 from controlplane.routing.subscriber import DEMAND_REPORT_S
 from controlplane.wire import ReplicaInfo, RoutingUpdate
+from release_tests.retry_after_shapes import Shape, seeded_arrivals
 from release_tests.scale import percentile
 from tests.unit.virtual_time import run_virtual
 
@@ -57,39 +58,6 @@ NO_HEADER_RETRY_S = 1.0  # a rejection without Retry-After: the client waits 1 s
 # A 0 s Retry-After (static 0) would let an until-admitted client retry without time ever
 # passing; the client waits at least this long instead.
 MIN_RETRY_S = 0.001
-
-
-@dataclass(frozen=True)
-class Shape:
-    """An open-loop load: ``multiple(t, duration_s)`` x capacity at ``t`` s from the start
-    of the measured window (negative in the warm-up, past ``duration_s`` after it)."""
-
-    name: str
-    poisson: bool  # False: one arrival in each 1 / rate slot (see arrival_times)
-    peak: float  # the largest multiple, for thinning
-    multiple: Callable[[float, float], float]
-    description: str
-
-
-def _burst(t: float, duration_s: float) -> float:
-    return 10.0 if 0.0 <= t < 5.0 else 0.5
-
-
-def _ramp(t: float, duration_s: float) -> float:
-    """0.5x -> 3x at mid-window -> 0.5x, linear; 0.5x outside the window."""
-    half = duration_s / 2
-    if t <= 0.0 or t >= duration_s:
-        return 0.5
-    return 0.5 + 2.5 * (t / half if t <= half else (duration_s - t) / half)
-
-
-SHAPES: dict[str, Shape] = {s.name: s for s in (
-    Shape("const2x", False, 2.0, lambda t, d: 2.0, "2x capacity, one arrival per 1/rate slot"),
-    Shape("const5x", False, 5.0, lambda t, d: 5.0, "5x capacity, one arrival per 1/rate slot"),
-    Shape("poisson1x", True, 1.0, lambda t, d: 1.0, "Poisson at capacity"),
-    Shape("burst", True, 10.0, _burst, "Poisson, 0.5x; 10x for the window's first 5 s"),
-    Shape("ramp", True, 3.0, _ramp, "Poisson, 0.5x -> 3x at mid-window -> 0.5x"),
-)}
 
 
 @dataclass(frozen=True)
@@ -135,34 +103,6 @@ class SimConfig:
         return self.warmup_s, self.warmup_s + self.duration_s
 
 
-def arrival_times(shape: Shape, config: SimConfig, rng: random.Random) -> Iterator[float]:
-    """First arrivals from 0, endless (the caller stops when it has seen enough).
-
-    Poisson shapes by thinning a process at the peak rate (Lewis and Shedler, 1979).
-    Constant shapes are stratified: one arrival at a uniformly random point of each
-    ``1 / rate`` slot, so the rate is exact over any second. With exact spacing every
-    retry after an integer Retry-After would tie with a first arrival (the spacing divides
-    1 s), and the loop's tie order, not the policy, would decide who takes a free queue
-    place (retries admitted at 5x, static 5 s: 18% with exact spacing, 6% stratified)."""
-    capacity, start, duration = config.capacity_per_s, config.warmup_s, config.duration_s
-    t = 0.0
-    if not shape.poisson:
-        while True:  # one arrival at a random point of each 1 / rate slot
-            spacing = 1.0 / (capacity * shape.multiple(t - start, duration))
-            yield t + rng.uniform(0.0, spacing)
-            t += spacing
-    while True:
-        t += rng.expovariate(capacity * shape.peak)
-        if rng.random() * shape.peak < shape.multiple(t - start, duration):
-            yield t
-
-
-def seeded_arrivals(shape: Shape, config: SimConfig, seed: int) -> Iterator[float]:
-    """The arrivals of run ``seed``: the same for every policy, so policies meet the same
-    load."""
-    return arrival_times(shape, config, random.Random(f"{seed}/arrivals/{shape.name}"))
-
-
 class SimReplicas:
     """The replicas every router shares; a ``ReplicaTransport`` (send and probe)."""
 
@@ -170,8 +110,9 @@ class SimReplicas:
         self._clock = clock
         self._config = config
         self._rng = rng
-        self._sems = {f"r{i}": asyncio.Semaphore(config.max_ongoing)
-                      for i in range(config.replicas)}
+        self._sems: dict[str, asyncio.Semaphore] = {}
+        self.ready_at: dict[str, float] = {}  # replica -> when it began to serve
+        self.add(config.replicas, 0.0)
         self.load: Counter[str] = Counter()  # ongoing + queued at the replica, per replica
         self.busy_slot_s = 0.0  # slot-seconds of handler time inside the window
         self.completed_in_window = 0
@@ -181,6 +122,18 @@ class SimReplicas:
 
     def infos(self) -> list[ReplicaInfo]:
         return [ReplicaInfo(rid, f"fleetplane_replica::{rid}") for rid in self._sems]
+
+    def add(self, n: int, now: float) -> None:
+        """``n`` more replicas, serving from ``now``."""
+        for i in range(len(self._sems), len(self._sems) + n):
+            self._sems[f"r{i}"] = asyncio.Semaphore(self._config.max_ongoing)
+            self.ready_at[f"r{i}"] = now
+
+    def slot_s(self) -> float:
+        """Slot-seconds the replicas could work inside the window (idle capacity's base)."""
+        w0, w1 = self._config.window
+        return self._config.max_ongoing * sum(max(0.0, w1 - max(w0, at))
+                                              for at in self.ready_at.values())
 
     async def send(self, replica: ReplicaInfo, request: Any) -> Any:
         rid = replica.replica_id
@@ -242,6 +195,7 @@ class RunResult:
     completed_ids: frozenset
     started: int
     cancelled: int
+    slot_s: float  # what the replicas could have worked inside the window
 
 
 class Clients:
@@ -322,9 +276,12 @@ async def _simulate(shape: Shape, row: PolicyRow, config: SimConfig, seed: int,
     clients = Clients(routers, config, clock, random.Random(f"{seed}/split"))
     driver = asyncio.get_running_loop().create_task(
         clients.drive(seeded_arrivals(shape, config, seed)))
+    scale_up = ScaleUp(shape, config)
+    loop = asyncio.get_running_loop()
+    clients.background.add(loop.create_task(scale_up.run(replicas, routers, clock)))
     if row.policy == "cluster_informed":
-        clients.background.add(asyncio.get_running_loop().create_task(
-            _shard_demand(routers, replicas, routing, clock)))
+        clients.background.add(loop.create_task(
+            _shard_demand(routers, replicas, routing, clock, scale_up)))
     await clients.window_closed.wait()
     await asyncio.gather(*clients.measured)
     # Teardown: the background load is no longer needed; nothing measured is cut short.
@@ -336,28 +293,69 @@ async def _simulate(shape: Shape, row: PolicyRow, config: SimConfig, seed: int,
         router.close("the run ended")
     return RunResult(tuple(sorted(clients.outcomes, key=lambda o: o.request_id)),
                      replicas.busy_slot_s, replicas.completed_in_window,
-                     frozenset(replicas.completed), replicas.started, replicas.cancelled)
+                     frozenset(replicas.completed), replicas.started, replicas.cancelled,
+                     replicas.slot_s())
+
+
+class ScaleUp:
+    """The shape's scale-up, if any: more replicas start as the window opens and serve
+    ``start_s`` later; meanwhile the shard's replica set shows them STARTING (what
+    ``DemandBoard``'s outlook reads: ``records_in`` and ``count``)."""
+
+    def __init__(self, shape: Shape, config: SimConfig) -> None:
+        self.added = max(0, shape.scale_to - config.replicas)
+        self.start_s = shape.start_s
+        self._config = config
+        self._starting: list[Any] = []
+        self._running = config.replicas
+
+    async def run(self, replicas: SimReplicas, routers: list[Router], clock: FakeClock) -> None:
+        if not self.added:
+            return
+        w0, _ = self._config.window
+        await asyncio.sleep(w0 - clock.monotonic())
+        self._starting = [_Starting(w0)] * self.added
+        await asyncio.sleep(self.start_s)
+        self._starting, self._running = [], self._running + self.added
+        replicas.add(self.added, clock.monotonic())
+        for router in routers:  # what the routing long-poll brings them
+            router.update_replicas(replicas.infos())
+
+    def records_in(self, state: ReplicaState) -> list[Any]:
+        return self._starting if state == ReplicaState.STARTING else []
+
+    def count(self, state: ReplicaState) -> int:
+        return self._running if state == ReplicaState.RUNNING else 0
+
+
+@dataclass(frozen=True)
+class _Starting:
+    started_at: float
 
 
 async def _shard_demand(routers: list[Router], replicas: SimReplicas, routing: RoutingConfig,
-                        clock: FakeClock) -> None:
+                        clock: FakeClock, scale_up: ScaleUp) -> None:
     """``cluster_informed``'s control-plane half, as the shard runs it: each router reports
-    its demand once a second (``RoutingSubscriber``), the real ``DemandBoard`` sums them and
-    publishes at most once a second, and each router applies the total as it applies a
-    routing update from the long-poll (a publication reaches routers 50 ms later)."""
+    its demand once a second (``RoutingSubscriber``), the real ``DemandBoard`` sums them,
+    adds the scale-up outlook and publishes at most once a second, and each router applies
+    the total as it applies a routing update from the long-poll (a publication reaches
+    routers 50 ms later). With a scale-up, the shard has seen earlier starts take as long
+    as this one will (``note_start``)."""
     board = DemandBoard()
-    base = RoutingUpdate(tuple(replicas.infos()), routing.max_ongoing_requests,
-                         routing.max_queued_requests, routing.status_code,
-                         routing.retry_after_s, routing.retry_after_policy)
+    if scale_up.added:
+        board.note_start(scale_up.start_s)
     while True:
         await asyncio.sleep(DEMAND_REPORT_S)
         for i, router in enumerate(routers):
             board.record(f"router-{i}", router.demand(), clock.monotonic())
-        total = board.to_publish(clock.monotonic())
+        total = board.to_publish(clock.monotonic(), scale_up)
         if total is not None:
             await asyncio.sleep(0.05)
+            update = RoutingUpdate(tuple(replicas.infos()), routing.max_ongoing_requests,
+                                   routing.max_queued_requests, routing.status_code,
+                                   routing.retry_after_s, routing.retry_after_policy, demand=total)
             for router in routers:
-                router.apply_routing_update(dataclasses.replace(base, demand=total))
+                router.apply_routing_update(update)
 
 
 def metrics(result: RunResult, config: SimConfig) -> dict[str, float | None]:
@@ -368,7 +366,7 @@ def metrics(result: RunResult, config: SimConfig) -> dict[str, float | None]:
     retried_in = [o for o in rejected_first if o.done_at is not None]
     latencies = [o.done_at - o.first_at for o in admitted]
     given = [v for o in outcomes for v in o.retry_afters if v is not None]
-    slot_s = config.replicas * config.max_ongoing * config.duration_s
+    slot_s = result.slot_s
     return {
         "arrivals": len(outcomes),
         "first_try_rejected_pct": _pct(len(rejected_first), len(outcomes)),

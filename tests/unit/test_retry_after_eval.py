@@ -3,14 +3,21 @@ real Router, in virtual time. No Ray; each run is a few simulated seconds."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import random
 from dataclasses import replace
 
 import pytest
 
+from controlplane.clock import FakeClock
+from controlplane.demand_board import DemandBoard
+from controlplane.wire import RouterDemand
 from release_tests.retry_after_eval import goal_lines, policy_rows
-from release_tests.retry_after_sim import (SHAPES, PolicyRow, Shape, SimConfig, metrics,
-                                           seeded_arrivals, simulate)
+from release_tests.retry_after_shapes import SHAPES, Shape, seeded_arrivals
+from release_tests.retry_after_sim import (PolicyRow, ScaleUp, SimConfig, SimReplicas, metrics,
+                                           simulate)
+from tests.unit.virtual_time import run_virtual
 
 STATIC_1 = PolicyRow("static_1s", "static", 1.0)
 DRAIN = PolicyRow("router_queue_drain_rate", "router_queue_drain_rate", 1.0)
@@ -87,3 +94,30 @@ def test_goals_compare_the_computed_policy_with_static() -> None:
     assert [line.split(": ")[-1].split(" (")[0] for line in lines] == [
         "new MET", "new MISSED", "new MISSED"]
     assert "const2x latency_p99_s 6.60 vs 6.00" in lines[2]  # 10% worse than static
+
+
+def test_a_scale_up_serves_mid_window_and_the_shard_view_shows_it_starting() -> None:
+    shape = replace(SHAPES["scaleup"], start_s=4.0)
+    result = simulate(shape, STATIC_1, SHORT, seed=3)
+    # 1 replica for the 10 s window, 1 more for its last 6 s; 2 slots each
+    assert result.slot_s == pytest.approx(SHORT.max_ongoing * (10.0 + 6.0))
+    m = metrics(result, SHORT)
+    assert m["goodput_per_s"] > SHORT.capacity_per_s  # the second replica served
+
+    clock = FakeClock(0.0)
+    scale_up, board = ScaleUp(shape, SHORT), DemandBoard()
+    board.note_start(4.0)
+    board.record("router-0", RouterDemand(3, 4.0, 6.0), 0.0)
+    seen = []
+
+    async def watch() -> None:
+        replicas = SimReplicas(clock, SHORT, random.Random(0))
+        task = asyncio.get_running_loop().create_task(scale_up.run(replicas, [], clock))
+        for at in (1.0, 3.0, 5.0, 7.0):  # window from 2 s; serving from 6 s
+            await asyncio.sleep(at - clock.monotonic())
+            board.record("router-0", RouterDemand(3, 4.0, 6.0), at)
+            total = board.total(at, scale_up)
+            seen.append((total.scaleup_eta_s, total.capacity_growth, len(replicas.infos())))
+        await task
+    run_virtual(clock, watch)
+    assert seen == [(None, 1.0, 1), (3.0, 2.0, 1), (1.0, 2.0, 1), (None, 1.0, 2)]
