@@ -1,0 +1,175 @@
+"""Retry-After on real HTTP: issue 14's setup through ``fleetplane run``, its proxy and a real
+replica, to check the virtual-time harness (``retry_after_eval``) against the real thing.
+
+    python -m release_tests.retry_after_http [--policies static arrival_aware cluster_informed]
+        [--rate 4] [--warmup-s 20] [--duration-s 60] [--seed 0]
+
+Per policy, one fresh ``fleetplane run`` of one replica (max_ongoing_requests 2,
+max_queued_requests 4, a 0.5 s handler: capacity 4 req/s, 429 with the policy's
+Retry-After, static 5 s as its fallback) behind ``--proxies`` proxy listeners (2, the
+default of ``http_options.proxies_per_node``: two routers, each with its own queue of 4,
+as ``retry_after_eval --routers 2`` simulates). Open-loop Poisson arrivals at ``--rate`` (the
+same seeded arrivals for every policy); a rejected request retries once, after exactly the
+Retry-After it got. Arrivals go on after the window until every request that first arrived
+in it has its outcome (a retry meets the load it would meet in a longer run). Measured, as
+``retry_after_sim.metrics``: first tries rejected, retries admitted, finally rejected, idle
+capacity (completions inside the window x 0.5 s over its slot-seconds), goodput, p50/p99
+latency of admitted requests from their first arrival, the Retry-After values given.
+Prints the table, writes Parquet under release_tests/results/, and as its last line one
+JSON object keyed by policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from release_tests.http_bench import RESULTS, _start, _stop, _wait_ready
+from release_tests.machine import describe, describe_line
+from release_tests.scale import percentile
+
+HANDLER_S, SLOTS, MAX_QUEUED = 0.5, 2, 4
+URL = "http://127.0.0.1:8000/noop"
+CONFIG = """\
+http_options: {{host: 127.0.0.1, port: 8000, proxies_per_node: {proxies}}}
+applications:
+  - name: slow
+    route_prefix: /noop
+    import_path: release_tests.noop_app:HalfSecond
+    deployments:
+      - name: HalfSecond
+        num_replicas: 1
+        max_ongoing_requests: {slots}
+        max_queued_requests: {queued}
+        backpressure_config: {{status_code: 429, retry_after_s: 5,
+                              retry_after_policy: {policy}}}
+        ray_actor_options: {{num_cpus: 0}}
+"""
+
+
+@dataclass
+class Run:
+    """What the clients saw, times relative to the first arrival."""
+
+    window: tuple[float, float]
+    outcomes: list[tuple[float, list[int | None], float | None]] = field(default_factory=list)
+    completions: list[float] = field(default_factory=list)  # every 200, measured or not
+
+
+async def _client(session: aiohttp.ClientSession, run: Run, t0: float, measured: bool) -> None:
+    first_at, given, done_at = time.monotonic() - t0, [], None
+    for attempt in range(2):
+        async with session.get(URL) as r:
+            await r.read()
+            if r.status == 200:
+                done_at = time.monotonic() - t0
+                run.completions.append(done_at)
+                break
+            header = r.headers.get("Retry-After")
+            given.append(int(header) if header and header.isdigit() else None)
+        if attempt == 0:
+            await asyncio.sleep(given[-1] if given[-1] is not None else 1.0)
+    if measured:
+        run.outcomes.append((first_at, given, done_at))
+
+
+async def drive(rate: float, warmup_s: float, duration_s: float, seed: int) -> Run:
+    """Poisson arrivals until every request first arriving in the window has its outcome."""
+    rng, run = random.Random(f"{seed}/arrivals"), Run((warmup_s, warmup_s + duration_s))
+    w0, w1 = run.window
+    measured: list[asyncio.Task] = []
+    background: set[asyncio.Task] = set()
+    timeout = aiohttp.ClientTimeout(total=180)
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        t0, at = time.monotonic(), 0.0
+        while at < w1 or not all(t.done() for t in measured):
+            at += rng.expovariate(rate)
+            await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+            task = asyncio.create_task(_client(session, run, t0, w0 <= at < w1))
+            (measured.append if w0 <= at < w1 else background.add)(task)
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*measured, *background, return_exceptions=True)
+    return run
+
+
+def measures(run: Run) -> dict:
+    w0, w1 = run.window
+    rejected = [o for o in run.outcomes if o[1]]
+    admitted = [o for o in run.outcomes if o[2] is not None]
+    given = [v for o in run.outcomes for v in o[1] if v is not None]
+    in_window = sum(1 for t in run.completions if w0 <= t < w1)
+    latencies = [done - first for first, _, done in admitted]
+
+    def pct(part: int, whole: int) -> float | None:
+        return 100.0 * part / whole if whole else None
+    return {
+        "arrivals": len(run.outcomes),
+        "first_try_rejected_pct": pct(len(rejected), len(run.outcomes)),
+        "retries_admitted_pct": pct(sum(1 for o in rejected if o[2] is not None), len(rejected)),
+        "finally_rejected_pct": pct(len(run.outcomes) - len(admitted), len(run.outcomes)),
+        "idle_capacity_pct": 100.0 * (1.0 - in_window * HANDLER_S / (SLOTS * (w1 - w0))),
+        "goodput_per_s": in_window / (w1 - w0),
+        "latency_p50_s": percentile(latencies, 50), "latency_p99_s": percentile(latencies, 99),
+        "retry_after_p50_s": percentile(given, 50), "retry_after_p90_s": percentile(given, 90),
+    }
+
+
+def measure_policy(policy: str, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "retry_after_http.yaml"
+        config.write_text(CONFIG.format(policy=policy, slots=SLOTS, queued=MAX_QUEUED,
+                                        proxies=args.proxies))
+        proc = _start([sys.executable, "-m", "fleetplane.cli", "run", str(config)], {})
+        try:
+            _wait_ready(URL, timeout_s=180)
+            time.sleep(2 * HANDLER_S)  # let the readiness request drain
+            run = asyncio.run(drive(args.rate, args.warmup_s, args.duration_s, args.seed))
+        finally:
+            _stop(proc)
+    return measures(run)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policies", nargs="+",
+                        default=["static", "arrival_aware", "cluster_informed"])
+    parser.add_argument("--rate", type=float, default=4.0, help="arrivals per s (capacity 4)")
+    parser.add_argument("--warmup-s", type=float, default=20.0)
+    parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--proxies", type=int, default=2,
+                        help="http_options.proxies_per_node: routers, each with its own queue")
+    args = parser.parse_args()
+    print(f"machine: {describe_line()}\nPoisson {args.rate}/s, capacity "
+          f"{SLOTS / HANDLER_S:g}/s, {args.proxies} router(s) with a queue of {MAX_QUEUED} each, "
+          f"warm-up {args.warmup_s:g} s, "
+          f"window {args.duration_s:g} s, seed {args.seed}", flush=True)
+    results = {}
+    for policy in args.policies:
+        results[policy] = measure_policy(policy, args)
+        print(f"{policy}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                        for k, v in results[policy].items()), flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"retry_after_http_{int(time.time())}.parquet"
+    pq.write_table(pa.Table.from_pylist([{"policy": p, "rate": args.rate, "seed": args.seed,
+                                          "proxies": args.proxies, **m, **describe()}
+                                         for p, m in results.items()]), path)
+    print(f"records: {path}")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
