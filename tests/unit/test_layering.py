@@ -1,7 +1,7 @@
 """The import layering of the packages, read from the source (no import runs).
 
-- the kernel (``wire``, ``errors``, ``clock``, ``settings``) imports nothing of ours
-  beyond the kernel;
+- the kernel (``wire``, ``errors``, ``clock``, ``settings``, ``priority``) imports nothing
+  of ours beyond the kernel;
 - ``controlplane.routing`` (the process-local data plane) uses only the kernel and itself;
 - ``replicas`` reaches the control plane only through the kernel and the routing package;
 - ``controlplane`` never imports ``replicas`` or ``fleetplane`` (the CLI, which composes
@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_PARTY = ("controlplane", "replicas", "fleetplane")
 KERNEL = ("controlplane.wire", "controlplane.errors", "controlplane.clock",
-          "controlplane.settings")
+          "controlplane.settings", "controlplane.priority")
 ROUTING = "controlplane.routing"
 
 
