@@ -16,6 +16,11 @@ Invariants:
 - Garbage is bounded: a heap more than twice its live size (plus a constant) is rebuilt
   from its live entries, amortized O(1) per insertion.
 - ``highest`` does not consume: what it pops it pushes back.
+- Heap order is kept lazily: a push appends (O(1)); the entries appended since the last
+  query are put in order by the next ``highest``, sifted in one by one when few, else by
+  one ``heapify`` (O(n)). A scale-up gives each new replica the highest rank yet, the
+  heap's new top, so sifting each in on its push cost a full O(log N) climb per start,
+  for a query that may never come (issue 16).
 """
 
 from __future__ import annotations
@@ -31,19 +36,42 @@ class RunningRankIndex:
     def __init__(self, is_live: Callable[[Entry, str], bool]) -> None:
         self._is_live = is_live  # (entry, version) -> still a RUNNING record as pushed
         self._heaps: dict[str, list[Entry]] = {}
+        self._ordered: dict[str, int] = {}  # a version's heap is in order up to here
+        self.heapified = 0  # heaps ordered whole (unit tests count them)
+        self.sifted = 0  # entries sifted in one by one (idem)
 
     def push(self, version: str, rank: int | None, seq: int, replica_id: str,
              live_count: int) -> None:
-        heap = self._heaps.setdefault(version, [])
-        heapq.heappush(heap, (-(rank if rank is not None else -1), seq, replica_id))
+        heap = self._heaps.get(version)
+        if heap is None:
+            self._heaps[version] = heap = []
+        heap.append((-(rank if rank is not None else -1), seq, replica_id))
         if len(heap) > 2 * live_count + _SLACK:
             self._heaps[version] = heap = [e for e in heap if self._is_live(e, version)]
+            self._order(version, heap, 0)
+
+    def _order(self, version: str, heap: list[Entry], ordered: int) -> None:
+        """Put ``heap[ordered:]`` (appended since) in heap order with ``heap[:ordered]``."""
+        appended = len(heap) - ordered
+        if not appended:
+            pass
+        elif appended * 8 >= len(heap):  # many: one O(n) heapify beats k O(log n) climbs
             heapq.heapify(heap)
+            self.heapified += 1
+        else:
+            tail = heap[ordered:]
+            del heap[ordered:]
+            for entry in tail:
+                heapq.heappush(heap, entry)
+            self.sifted += appended
+        self._ordered[version] = len(heap)
 
     def highest(self, exclude_version: str | None, k: int) -> list[str] | None:
         """Ids of the k RUNNING replicas not at ``exclude_version`` (None: of any
         version) that retire first; None when fewer than k are live."""
         heaps = {v: h for v, h in self._heaps.items() if v != exclude_version}
+        for version, heap in heaps.items():
+            self._order(version, heap, self._ordered.get(version, 0))
         picked: list[tuple[str, Entry]] = []
         while len(picked) < k:
             best = None
@@ -57,4 +85,6 @@ class RunningRankIndex:
             picked.append((best, heapq.heappop(heaps[best])))
         for version, entry in picked:
             heapq.heappush(heaps[version], entry)
+        for version, heap in heaps.items():
+            self._ordered[version] = len(heap)
         return [entry[2] for _, entry in picked] if len(picked) == k else None

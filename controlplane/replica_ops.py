@@ -28,6 +28,7 @@ from controlplane.lifecycle import ReplicaEvent
 from controlplane.replica_client import (ReplicaCallFailed, ReplicaClient, ReplicaDied,
                                          replica_actor_name)
 from controlplane.settings import ReplicaSettings
+from controlplane.specs import DeploymentSpec
 from controlplane.wire import DirectIngressInit, ReplicaInit
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ class ReplicaOps:
         self._drain_min_s = replica_settings.drain_min_s
         self._batch_interval_s = replica_settings.report_batch_interval_s
         self._phase1 = replica_settings.deregister_before_stop
+        # (spec, user_config, world size, unhealthy threshold) and the ReplicaInit they
+        # make, less the replica's id and rank: one per spec version and target, not per
+        # start (issue 16)
+        self._template: tuple | None = None
+        self.templates_built = 0  # unit tests count them
 
     # ---- start ------------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -74,20 +80,34 @@ class ReplicaOps:
         d.spawn(self._wait_started(replica_id, handle))
 
     def _init_for(self, replica_id: str) -> ReplicaInit:
-        d, spec = self._d, self._d.rollout.serving
+        d, built = self._d, self._template
+        spec, user_config = d.rollout.serving, d.config.serving[0]
+        world_size, threshold = max(1, d.target_replicas), d.settings.unhealthy_threshold
+        # the same spec and user_config objects (immutable once made: identity is
+        # equality, in O(1)) and equal numbers
+        if built is None or not (built[0] is spec and built[1] is user_config
+                                 and built[2] == world_size and built[3] == threshold):
+            built = self._template = (spec, user_config, world_size, threshold,
+                                      self._shared_init(spec, user_config, world_size, threshold))
+            self.templates_built += 1
+        return built[4].for_replica(replica_id, d.ranks.assign(replica_id))
+
+    def _shared_init(self, spec: DeploymentSpec, user_config: Any, world_size: int,
+                     unhealthy_threshold: int) -> ReplicaInit:
+        """What every replica started from ``spec`` (with this config and target) is
+        told; ``for_replica`` adds its id and rank."""
         return ReplicaInit(
-            replica_id=replica_id, app_name=spec.id.app, deployment=spec.id.name,
-            serialized_def=spec.serialized_def, user_config=d.config.serving[0],
-            rank=d.ranks.assign(replica_id), max_ongoing_requests=spec.max_ongoing_requests,
+            replica_id="", app_name=spec.id.app, deployment=spec.id.name,
+            serialized_def=spec.serialized_def, user_config=user_config,
+            rank=-1, max_ongoing_requests=spec.max_ongoing_requests,
             shard_name=self._shard_name, namespace=self._namespace,
             metrics_report_interval_s=self._report_interval_s, code_version=spec.code_version,
             drain_min_s=self._drain_min_s,
             health_check_period_s=spec.health_check_period_s,
             health_check_timeout_s=spec.health_check_timeout_s,
-            unhealthy_threshold=d.settings.unhealthy_threshold,
+            unhealthy_threshold=unhealthy_threshold,
             direct_ingress=self._direct_ingress(spec.direct_ingress),
-            world_size=max(1, d.target_replicas),
-            report_batch_interval_s=self._batch_interval_s)
+            world_size=world_size, report_batch_interval_s=self._batch_interval_s)
 
     def _direct_ingress(self, init: DirectIngressInit | None) -> DirectIngressInit | None:
         if init is None or self._phase1:
@@ -104,8 +124,12 @@ class ReplicaOps:
             d.start_failed(replica_id, _start_failure(e, timeout_s, d.spec.ray_actor_options),
                            self._clock.monotonic())
             return
-        if d.replica_started(replica_id, info, self._clock.monotonic()):
-            await self._watch_death(replica_id, handle)  # the same task: one per replica
+        if not d.replica_started(replica_id, info, self._clock.monotonic()):
+            return
+        try:  # ``_watch_death``'s body, in the same coroutine: one task and frame per life
+            await self._client.wait_until_stopped(handle)
+        except (ReplicaDied, ReplicaCallFailed) as e:
+            self._death_watch_ended(replica_id, e)
 
     def start_phase(self, replica_id: str) -> str:
         handle = self._d.handle(replica_id)
@@ -230,10 +254,14 @@ class ReplicaOps:
         stop and raises ``ReplicaDied`` when the actor dies."""
         try:
             await self._client.wait_until_stopped(handle)
-        except ReplicaDied as e:
-            self.replica_died(replica_id, str(e))
-        except ReplicaCallFailed as e:  # the watch itself broke; probes still cover health
-            logger.warning("replica %s: death watch ended: %s", replica_id, e)
+        except (ReplicaDied, ReplicaCallFailed) as e:
+            self._death_watch_ended(replica_id, e)
+
+    def _death_watch_ended(self, replica_id: str, error: Exception) -> None:
+        if isinstance(error, ReplicaDied):
+            self.replica_died(replica_id, str(error))
+        else:  # ReplicaCallFailed: the watch itself broke; probes still cover health
+            logger.warning("replica %s: death watch ended: %s", replica_id, error)
 
     def replica_died(self, replica_id: str, message: str) -> None:
         """The actor is gone (death watch or a crashed probe): replace it now."""
