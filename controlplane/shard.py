@@ -25,6 +25,7 @@ from controlplane.deployment_state import DeploymentState
 from controlplane.haproxy.deregister import IngressDeregistrar
 from controlplane.health.health_stats import HealthTotals
 from controlplane.long_poll import LongPollHost
+from controlplane.plan_freeze import NoFreeze, PlanFreeze
 from controlplane.priority import take_control_priority
 from controlplane.replica_client import RayReplicaClient, ReplicaClient
 from controlplane.replica_ops import ReplicaOps
@@ -44,8 +45,11 @@ class ShardCore:
     """Everything a shard does, without Ray: the actor below only wires the real client."""
 
     def __init__(self, index: int, settings: Settings, client: ReplicaClient,
-                 clock: Clock, ingress: Any = None) -> None:
+                 clock: Clock, ingress: Any = None, collector: PlanFreeze | None = None) -> None:
         self.index = index
+        # the garbage collector during a big plan (plan_freeze.py): the actor's process
+        # freezes after slices; elsewhere (unit tests) Python's collector as it is
+        self.collector = collector if collector is not None else NoFreeze()
         self._settings = settings
         self._client = client
         self._ingress = ingress  # haproxy mode's phase 1 of a stop (IngressDeregistrar)
@@ -140,6 +144,7 @@ class ShardCore:
         self.ticks += 1
         self.last_tick_s = time.perf_counter() - started
         self._schedule_slice()
+        self.collector.at_tick(self._slice is not None, now)
 
     def _publish(self, dep_id: DeploymentId, state: DeploymentState) -> None:
         update = state.routing_update(self._clock.monotonic())
@@ -170,6 +175,7 @@ class ShardCore:
                 continue
             self._publish(dep_id, state)
         self.slices += 1
+        self.collector.after_slice(now)
         if self.slice_observer is not None:
             self.slice_observer(time.perf_counter() - started)
         self._schedule_slice()
@@ -295,7 +301,7 @@ class ControllerShard:
         take_control_priority(f"shard {index}")
         parsed = Settings.from_dict(settings)
         self._core = ShardCore(index, parsed, RayReplicaClient(parsed.namespace), SystemClock(),
-                               IngressDeregistrar(parsed.namespace))
+                               IngressDeregistrar(parsed.namespace), PlanFreeze())
         self._stopped = asyncio.Event()
 
     async def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:

@@ -39,6 +39,7 @@ import psutil
 
 from controlplane.clock import FakeClock
 from controlplane.lifecycle import ReplicaState
+from controlplane.plan_freeze import PlanFreeze
 from controlplane.replica_client import ReplicaDied
 from controlplane.settings import Settings, ShardSettings
 from controlplane.shard import ShardCore
@@ -193,7 +194,9 @@ class FleetBench:
         self.clock = loop_clock()
         shard = ShardSettings(tick_interval_s=PARKED_S, rolling_surge_fraction=surge_fraction)
         self.client = InstantReplicaClient(start_delay_s)
-        self.core = ShardCore(0, Settings(shard=shard), self.client, self.clock)
+        # the collector as the shard actor runs it (PlanFreeze: frozen while slicing)
+        self.core = ShardCore(0, Settings(shard=shard), self.client, self.clock,
+                              collector=PlanFreeze())
         self.schedules = {MAIN: PushSchedule(MAIN, PERIOD_S, load=0),
                           AUTO: PushSchedule(AUTO, REPORT_S, load=2)}
         self.samples: list[tuple] = []  # (phase, tick, tick ms, tick CPU ms)

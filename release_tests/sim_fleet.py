@@ -38,6 +38,7 @@ import ray
 from controlplane.clock import SystemClock
 from controlplane.health.health_gate import stale_after_s
 from controlplane.lifecycle import SERVING_STATES
+from controlplane.plan_freeze import PlanFreeze
 from controlplane.priority import take_control_priority
 from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, call_replica
 from controlplane.settings import ReplicaSettings, Settings, ShardSettings, shard_actor_name
@@ -292,7 +293,8 @@ class SimShard(ControllerShard):
         parsed = Settings.from_dict(settings)
         self._recorder = UpdateRecorder(stale_after_s(period_s))
         self._client = SimReplicaClient(parsed.namespace, hosts, self._recorder)
-        self._core = ShardCore(index, parsed, self._client, SystemClock())
+        self._core = ShardCore(index, parsed, self._client, SystemClock(),
+                               collector=PlanFreeze())  # as ControllerShard's
         self._ingest_open = asyncio.Event()
         self._ingest_open.set()
         self._measure: tuple[float, float, Any] | None = None
