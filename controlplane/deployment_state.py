@@ -292,7 +292,12 @@ class DeploymentState(ReplicaOutcomes):
     # ---- health (push first, pull fallback) -----------------------------------------------
     def record_push(self, replica_id: str, health: PushedHealth, now: float,
                     via_heartbeat: bool = False) -> None:
-        """A push from one of this deployment's live replicas; the next tick acts on it."""
+        """A push from one of this deployment's live replicas; the next tick acts on it,
+        unless it is steady (healthy, to a watched replica: so a serving one, no record
+        lookup needed), taken at once."""
+        if not via_heartbeat and health.healthy is True and \
+                self.health.record_steady(replica_id, health.checked_at, now):
+            return
         record = self.replicas.get(replica_id)
         if record is not None and record.state in ACTIVE_STATES:
             self.health.record_push(replica_id, health, now, via_heartbeat)
@@ -355,11 +360,8 @@ class DeploymentState(ReplicaOutcomes):
                                self.spec.id, row, e)
 
     def record_metrics(self, report: MetricReport, now: float) -> None:
-        health = report.health
-        if health is not None and not (  # before the policy check: health rides on every report
-                health.healthy is True  # steady: watched, so serving (no record lookup)
-                and self.health.record_steady(report.replica_id, health.checked_at, now)):
-            self.record_push(report.replica_id, health, now)
+        if report.health is not None:  # before the policy check: health rides on every report
+            self.record_push(report.replica_id, report.health, now)
         if self._policy is not None and report.replica_id in self.replicas:
             self._metrics.record(report, received_at=now)
 
