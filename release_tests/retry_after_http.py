@@ -12,9 +12,10 @@ as ``retry_after_eval --routers 2`` simulates). Open-loop Poisson arrivals at ``
 same seeded arrivals for every policy); a rejected request retries once, after exactly the
 Retry-After it got. Arrivals go on after the window until every request that first arrived
 in it has its outcome (a retry meets the load it would meet in a longer run). Measured, as
-``retry_after_sim.metrics``: first tries rejected, retries admitted, finally rejected, idle
-capacity (completions inside the window x 0.5 s over its slot-seconds), goodput, p50/p99
-latency of admitted requests from their first arrival, the Retry-After values given.
+``retry_after_sim.metrics`` (the same function): first tries rejected, retries admitted,
+finally rejected, attempts per admitted request, idle capacity (completions inside the
+window x 0.5 s over its slot-seconds), goodput, p50/p99 latency of admitted requests from
+their first arrival, the Retry-After values given.
 Prints the table, writes Parquet under release_tests/results/, and as its last line one
 JSON object keyed by policy.
 """
@@ -37,7 +38,7 @@ import pyarrow.parquet as pq
 
 from release_tests.http_bench import RESULTS, _start, _stop, _wait_ready
 from release_tests.machine import describe, describe_line
-from release_tests.scale import percentile
+from release_tests.retry_after_sim import Outcome, RunResult, SimConfig, metrics
 
 HANDLER_S, SLOTS, MAX_QUEUED = 0.5, 2, 4
 URL = "http://127.0.0.1:8000/noop"
@@ -63,11 +64,12 @@ class Run:
     """What the clients saw, times relative to the first arrival."""
 
     window: tuple[float, float]
-    outcomes: list[tuple[float, list[int | None], float | None]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)  # the measured requests'
     completions: list[float] = field(default_factory=list)  # every 200, measured or not
 
 
-async def _client(session: aiohttp.ClientSession, run: Run, t0: float, measured: bool) -> None:
+async def _client(session: aiohttp.ClientSession, run: Run, t0: float, request_id: int,
+                  measured: bool) -> None:
     first_at, given, done_at = time.monotonic() - t0, [], None
     for attempt in range(2):
         async with session.get(URL) as r:
@@ -81,7 +83,8 @@ async def _client(session: aiohttp.ClientSession, run: Run, t0: float, measured:
         if attempt == 0:
             await asyncio.sleep(given[-1] if given[-1] is not None else 1.0)
     if measured:
-        run.outcomes.append((first_at, given, done_at))
+        attempts = len(given) + (done_at is not None)
+        run.outcomes.append(Outcome(request_id, first_at, attempts, tuple(given), done_at))
 
 
 async def drive(rate: float, warmup_s: float, duration_s: float, seed: int) -> Run:
@@ -93,12 +96,13 @@ async def drive(rate: float, warmup_s: float, duration_s: float, seed: int) -> R
     timeout = aiohttp.ClientTimeout(total=180)
     async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=0)) as session:
-        t0, at = time.monotonic(), 0.0
+        t0, at, request_id = time.monotonic(), 0.0, 0
         while at < w1 or not all(t.done() for t in measured):
             at += rng.expovariate(rate)
             await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-            task = asyncio.create_task(_client(session, run, t0, w0 <= at < w1))
+            task = asyncio.create_task(_client(session, run, t0, request_id, w0 <= at < w1))
             (measured.append if w0 <= at < w1 else background.add)(task)
+            request_id += 1
         for task in background:
             task.cancel()
         await asyncio.gather(*measured, *background, return_exceptions=True)
@@ -106,25 +110,14 @@ async def drive(rate: float, warmup_s: float, duration_s: float, seed: int) -> R
 
 
 def measures(run: Run) -> dict:
+    """``retry_after_sim.metrics`` of what the clients saw: the replica's work inside the
+    window is its completions there times the handler time."""
     w0, w1 = run.window
-    rejected = [o for o in run.outcomes if o[1]]
-    admitted = [o for o in run.outcomes if o[2] is not None]
-    given = [v for o in run.outcomes for v in o[1] if v is not None]
     in_window = sum(1 for t in run.completions if w0 <= t < w1)
-    latencies = [done - first for first, _, done in admitted]
-
-    def pct(part: int, whole: int) -> float | None:
-        return 100.0 * part / whole if whole else None
-    return {
-        "arrivals": len(run.outcomes),
-        "first_try_rejected_pct": pct(len(rejected), len(run.outcomes)),
-        "retries_admitted_pct": pct(sum(1 for o in rejected if o[2] is not None), len(rejected)),
-        "finally_rejected_pct": pct(len(run.outcomes) - len(admitted), len(run.outcomes)),
-        "idle_capacity_pct": 100.0 * (1.0 - in_window * HANDLER_S / (SLOTS * (w1 - w0))),
-        "goodput_per_s": in_window / (w1 - w0),
-        "latency_p50_s": percentile(latencies, 50), "latency_p99_s": percentile(latencies, 99),
-        "retry_after_p50_s": percentile(given, 50), "retry_after_p90_s": percentile(given, 90),
-    }
+    result = RunResult(tuple(run.outcomes), in_window * HANDLER_S, in_window, frozenset(),
+                       0, 0, SLOTS * (w1 - w0))
+    return metrics(result, SimConfig(max_ongoing=SLOTS, max_queued=MAX_QUEUED,
+                                     handler_s=HANDLER_S, warmup_s=w0, duration_s=w1 - w0))
 
 
 def measure_policy(policy: str, args: argparse.Namespace) -> dict:

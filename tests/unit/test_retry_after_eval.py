@@ -14,9 +14,10 @@ from controlplane.clock import FakeClock
 from controlplane.demand_board import DemandBoard
 from controlplane.wire import RouterDemand
 from release_tests.retry_after_eval import goal_lines, policy_rows
+from release_tests.retry_after_http import Run, measures
 from release_tests.retry_after_shapes import SHAPES, Shape, seeded_arrivals
-from release_tests.retry_after_sim import (PolicyRow, ScaleUp, SimConfig, SimReplicas, metrics,
-                                           simulate)
+from release_tests.retry_after_sim import (Outcome, PolicyRow, ScaleUp, SimConfig, SimReplicas,
+                                           metrics, simulate)
 from tests.unit.virtual_time import run_virtual
 
 STATIC_1 = PolicyRow("static_1s", "static", 1.0)
@@ -121,3 +122,18 @@ def test_a_scale_up_serves_mid_window_and_the_shard_view_shows_it_starting() -> 
         await task
     run_virtual(clock, watch)
     assert seen == [(None, 1.0, 1), (3.0, 2.0, 1), (1.0, 2.0, 1), (None, 1.0, 2)]
+
+
+def test_the_http_run_is_measured_by_the_simulations_own_metrics():
+    run = Run((10.0, 20.0))
+    run.outcomes += [Outcome(0, 10.5, 1, (), 11.0),  # admitted at once
+                     Outcome(1, 11.0, 2, (5,), 16.5),  # rejected, admitted on retry
+                     Outcome(2, 12.0, 2, (5, 5), None)]  # rejected twice
+    run.completions += [9.9, 11.0, 16.5, 19.0, 20.5]  # 3 inside the window
+    m = measures(run)
+    assert (m["arrivals"], m["first_try_rejected_pct"], m["retries_admitted_pct"]) == \
+        (3, pytest.approx(200 / 3), 50.0)
+    assert m["goodput_per_s"] == pytest.approx(0.3)
+    # 3 x 0.5 s of work in 2 slots x 10 s
+    assert m["idle_capacity_pct"] == pytest.approx(92.5)
+    assert m["retry_after_p50_s"] == 5 and m["latency_p99_s"] == pytest.approx(5.5)
