@@ -62,8 +62,8 @@ class DeploymentRouting:
         return RoutingDelta(tuple(added), tuple(removed), demand)
 
     def _info(self, r: ReplicaRecord) -> ReplicaInfo:
-        return ReplicaInfo(r.replica_id, r.actor_name, r.node_id, r.http_address,
-                           self._model_ids.get(r.replica_id, ()))
+        return ReplicaInfo.of(r.replica_id, r.actor_name, r.node_id, r.http_address,
+                              self._model_ids.get(r.replica_id, ()))
 
     def _full(self, spec: DeploymentSpec, replicas: ReplicaSet) -> RoutingUpdate:
         serving = [replicas.get(i) for i in sorted(replicas.running_ids())]

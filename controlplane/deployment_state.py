@@ -98,6 +98,7 @@ class DeploymentState(ReplicaOutcomes):
                                                   settings.start_backoff_max_s,
                                                   settings.max_constructor_retries)
         self._next_seq = 0  # replica ids are never reused within a shard's life
+        self._id_prefix = f"{spec.id.app}#{spec.id.name}#"  # a redeploy keeps the id
         self._dirty = True
         self._metrics = MetricWindow(look_back_period_s=30.0)
         self._policy: AutoscalingPolicy | None = None

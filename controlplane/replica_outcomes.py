@@ -23,15 +23,16 @@ logger = logging.getLogger("controlplane.deployment_state")
 # and a start reads several (issue 16).
 STARTING, RUNNING = ReplicaState.STARTING, ReplicaState.RUNNING
 STARTED = ReplicaEvent.STARTED
+new_record = tuple.__new__
 
 
 class ReplicaOutcomes:
     """Mixed into ``DeploymentState``; every attribute used here is one of its own."""
 
     def next_replica_id(self) -> str:
-        replica_id = f"{self.spec.id.app}#{self.spec.id.name}#{self._next_seq}"
-        self._next_seq += 1
-        return replica_id
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        return self._id_prefix + str(seq)
 
     @property
     def replicas_created(self) -> int:
@@ -68,11 +69,12 @@ class ReplicaOutcomes:
     def replica_created(self, replica_id: str, handle: Any, actor_name: str,
                         now: float) -> None:
         """The client accepted the actor; it is STARTING until ``replica_started``."""
-        # (replica_id, state, version, rank, actor_name) by position: binding keywords to
-        # the NamedTuple's ``__new__`` costs as much again (once per start, issue 16)
-        self.replicas.add(ReplicaRecord(
+        # every field by position, through ``tuple.__new__``: the NamedTuple's own
+        # ``__new__`` is an interpreted call more, and keywords cost as much again (once
+        # per start, issue 16)
+        self.replicas.add(new_record(ReplicaRecord, (
             replica_id, STARTING, self.rollout.serving.code_version,
-            self.ranks.rank_of(replica_id), actor_name, started_at=now))
+            self.ranks.rank_of(replica_id), actor_name, None, None, now, "", None)))
         self._config_versions[replica_id] = self.config.serving[1]
         self._handles[replica_id] = handle
 
@@ -112,11 +114,18 @@ class ReplicaOutcomes:
     def replica_started(self, replica_id: str, info: dict, now: float) -> bool:
         """Initialized and healthy: RUNNING, watched by push health. False when the
         replica moved on meanwhile (the start is then ignored)."""
-        record = self.transition(replica_id, STARTED, expect=STARTING,
-                                 actor_id=info.get("actor_id"), node_id=info.get("node_id"),
-                                 http_address=info.get("http_address"), message="")
-        if record is None:
+        # ``transition``'s work for this one event, inline (once per start, issue 16): a
+        # STARTING record becomes RUNNING, serving, so nothing to forget or drop
+        current = self.replicas.get(replica_id)
+        if current is None or current.state is not STARTING:
             return False
+        get = info.get
+        record = self.replicas.apply_fields(replica_id, STARTED, {
+            "actor_id": get("actor_id"), "node_id": get("node_id"),
+            "http_address": get("http_address"), "message": ""})
+        if self._policy is not None:
+            self._metrics.include(replica_id)
+        self._dirty = True
         self.backoff = self.backoff.with_started()
         self.demand.note_start(now - record.started_at)
         if self.rollout.rolling and record.version == self.spec.code_version:

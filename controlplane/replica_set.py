@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from controlplane.lifecycle import (
     SERVING_STATES,
+    TERMINAL_STATES,
     ReplicaEvent,
     ReplicaState,
     is_terminal,
@@ -116,9 +117,10 @@ class ReplicaSet:
     # -- membership -------------------------------------------------------------------
 
     def add(self, record: ReplicaRecord) -> None:
-        if record.replica_id in self._records:
+        if record[0] in self._records:
             raise ValueError(f"replica {record.replica_id!r} is already in the set")
-        _refuse_terminal(record)
+        if record[1] in TERMINAL_STATES:
+            _refuse_terminal(record)
         self._insert(record)
 
     def remove(self, replica_id: str) -> ReplicaRecord:
@@ -147,9 +149,39 @@ class ReplicaSet:
             self._discard(old)
             return old.with_fields(state, {})
         new = old.with_fields(state, changes)
-        self._discard(old)
-        self._insert(new)
+        if new[2] == old[2]:
+            self._move(old, new)
+        else:
+            self._discard(old)
+            self._insert(new)
         return new
+
+    def _move(self, old: ReplicaRecord, new: ReplicaRecord) -> None:
+        """``_discard(old)`` then ``_insert(new)`` for a record that keeps its version (a
+        transition): the per-version count stands, the rest in one pass (issue 16)."""
+        rid, was, state = old[0], old[1], new[1]
+        records, buckets = self._records, self._buckets
+        del records[rid]
+        records[rid] = new  # re-added: a record's latest insertion orders the records
+        del buckets[was][rid]
+        buckets[state][rid] = new
+        version, by_key = new[2], self._state_versions
+        _bump(by_key, (was, version), -1)
+        key = (state, version)
+        by_key[key] = in_key = by_key.get(key, 0) + 1
+        self._seq = seq = self._seq + 1
+        self._insert_seq[rid] = seq
+        if state is RUNNING:
+            self._ranked.push(version, new[3], seq, rid, in_key)
+        self._fingerprint = (self._fingerprint - hash((rid, was._value_))
+                             + hash((rid, state._value_))) % _MOD
+        serving = self._serving_changes
+        if was in SERVING_STATES:
+            self._serving_fingerprint = (self._serving_fingerprint - _serving_term(old)) % _MOD
+            serving[rid] = None
+        if state in SERVING_STATES:
+            self._serving_fingerprint = (self._serving_fingerprint + _serving_term(new)) % _MOD
+            serving[rid] = new
 
     def _insert(self, record: ReplicaRecord) -> None:
         # Plain dicts and locals, counts bumped inline (an increment never empties one):

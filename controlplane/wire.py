@@ -33,6 +33,8 @@ from typing import Any
 # The replica actor the shard starts (``module:Class``), resolved when the shard's
 # replica client is built: the control plane names it and never imports it.
 REPLICA_ACTOR_CLASS = "replicas.replica:Replica"
+# builds a frozen dataclass without its __init__ (``ReplicaInit.for_replica``, ``ReplicaInfo.of``)
+_new_object = object.__new__
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class ReplicaInit:
         replicas a shard starts from one spec, so the shard builds it once, not one
         18-field ``__init__`` per start (issue 16). The fields are set as the frozen
         ``__init__`` sets them (``dataclasses.replace`` would run it again)."""
-        init = object.__new__(ReplicaInit)
+        init = _new_object(ReplicaInit)
         fields = init.__dict__
         fields.update(self.__dict__)
         fields["replica_id"], fields["rank"] = replica_id, rank
@@ -178,6 +180,17 @@ class ReplicaInfo:
     node_id: str | None = None
     http_address: str | None = None  # "host:port" of its direct ingress (haproxy mode)
     model_ids: tuple[str, ...] = ()  # multiplexed models it holds (Serve's @serve.multiplexed)
+
+    @staticmethod
+    def of(replica_id: str, actor_name: str, node_id: str | None, http_address: str | None,
+           model_ids: tuple[str, ...]) -> ReplicaInfo:
+        """``ReplicaInfo(...)`` at half the cost: the fields set as the frozen ``__init__``
+        sets them, without its five ``object.__setattr__`` calls (one per replica that
+        starts serving, issue 16)."""
+        info = _new_object(ReplicaInfo)
+        info.__dict__.update(replica_id=replica_id, actor_name=actor_name, node_id=node_id,
+                             http_address=http_address, model_ids=model_ids)
+        return info
 
 
 @dataclass(frozen=True)

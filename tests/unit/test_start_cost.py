@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from controlplane.lifecycle import ReplicaEvent, ReplicaState
+from controlplane.lifecycle import IllegalTransition, ReplicaEvent, ReplicaState
 from controlplane.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.wire import ReplicaInit
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
@@ -117,3 +117,53 @@ def test_a_scale_up_orders_the_retirement_index_once_at_its_first_query():
     assert (index.heapified, index.sifted) == (1, 10)
     assert replicas.retire_first(None, 1) == ["a#m#5009"]
     assert (index.heapified, index.sifted) == (1, 10)  # nothing new: nothing to order
+
+
+def test_a_created_replica_is_the_record_its_fields_name():
+    # ``replica_created`` builds the record by position, through ``tuple.__new__``: a field
+    # added to ``ReplicaRecord`` must not shift what it means
+    async def scenario():
+        shard = Shard()
+        shard.client.hold("initialize")
+        await shard.deploy(make_spec(2))
+        state = shard.core.deployment(DEP)
+        for rid in shard.client.held("initialize"):
+            record = state.replicas.get(rid)
+            assert record == ReplicaRecord(
+                replica_id=rid, state=S.STARTING, version="v1",
+                rank=state.ranks.rank_of(rid), actor_name=record.actor_name,
+                started_at=record.started_at)
+            assert record.actor_name.endswith(rid) and record.started_at >= 0
+        assert shard.states() == {"STARTING": 2}
+    run(scenario)
+
+
+def test_a_transition_within_a_version_moves_the_record_as_discard_and_insert_would():
+    rng = random.Random(13)
+    moved, reference = ReplicaSet(), ReplicaSet()
+    for i in range(40):
+        for replicas in (moved, reference):
+            replicas.add(ReplicaRecord(f"a#m#{i}", S.STARTING, "v1", i, f"r{i}"))
+    events = [ReplicaEvent.STARTED, ReplicaEvent.RECONFIGURE, ReplicaEvent.RECONFIGURED,
+              ReplicaEvent.STOP]
+    for _ in range(300):
+        rid, event = f"a#m#{rng.randrange(40)}", rng.choice(events)
+        old = moved.get(rid)
+        try:
+            new = moved.apply(rid, event, node_id="n")
+        except IllegalTransition:
+            continue  # not a move the table allows from this state
+        if rid in moved:
+            reference.replace(new)  # the general path: discard, then insert
+        else:
+            reference.remove(rid)
+            for replicas in (moved, reference):  # a new one in its place
+                replicas.add(ReplicaRecord(rid + "x", S.STARTING, "v1", None, "x"))
+        assert old is not None and new.node_id == "n"
+    assert moved.records() == reference.records()
+    assert (moved.fingerprint, moved.serving_fingerprint) == \
+        (reference.fingerprint, reference.serving_fingerprint)
+    assert moved.take_serving_changes() == reference.take_serving_changes()
+    for state in S:
+        assert moved.count_state_version(state, "v1") == reference.count_state_version(state, "v1")
+    assert moved.retire_first(None, 5) == reference.retire_first(None, 5)
