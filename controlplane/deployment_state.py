@@ -337,34 +337,46 @@ class DeploymentState(ReplicaOutcomes):
     def record_rows(self, rows: list[ReportRow], now: float) -> None:
         """A node batch's rows of this deployment: what ``record_metrics`` does per
         report, without a report object per row.
-        A malformed row is logged and skipped; it never costs the rest of the batch."""
+        A malformed row is logged and skipped; it never costs the rest of the batch.
+        Issue 13: a steady push (taken by ``record_steady``) is from a watched, so serving,
+        replica: its load needs no record lookup either; and the loads go to the window
+        in one call, after the batch's health."""
         get, push, policy = self.replicas.get, self.health.record_values, self._policy
-        steady, load = self.health.record_steady, self._metrics.record_load
+        steady = self.health.record_steady
+        loads: list[tuple[str, int]] = []  # (replica id, load) of this deployment's replicas
+        load = 0
         for row in rows:
             try:
                 replica_id, ongoing, queued, healthy, checked_at, failures, error = row
-                if policy is not None and replica_id in self.replicas:
+                if policy is not None:  # checked before anything is taken from the row
                     if ongoing < 0 or queued < 0:
                         raise ValueError(f"request counts must be >= 0, got {row!r}")
-                    load(replica_id, ongoing + queued, now)
+                    load = ongoing + queued
                 if healthy is True and steady(replica_id, checked_at, now):
-                    continue  # watched, so serving: no record lookup needed
+                    if policy is not None:
+                        loads.append((replica_id, load))
+                    continue
+                record = get(replica_id)
+                if policy is not None and record is not None:
+                    loads.append((replica_id, load))
                 if healthy is None:
                     continue
                 if healthy is not True:  # checked as the wire type checks it
                     PushedHealth(healthy, checked_at, failures, error)
-                record = get(replica_id)
                 if record is not None and record.state in ACTIVE_STATES:
                     push(replica_id, healthy, checked_at, failures, error, now)
             except (TypeError, ValueError) as e:
                 logger.warning("%s: dropped a malformed report row %.200r: %s",
                                self.spec.id, row, e)
+        if loads:
+            self._metrics.record_loads(loads, now)
 
     def record_metrics(self, report: MetricReport, now: float) -> None:
         if report.health is not None:  # before the policy check: health rides on every report
             self.record_push(report.replica_id, report.health, now)
         if self._policy is not None and report.replica_id in self.replicas:
-            self._metrics.record(report, received_at=now)
+            # the window's ``record`` without its call layer, once per report (issue 13)
+            self._metrics.record_load(report.replica_id, report.load, now)
 
     def _forget_replica(self, replica_id: str) -> None:
         self._handles.pop(replica_id, None)

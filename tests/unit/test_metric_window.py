@@ -350,7 +350,8 @@ async def steady_autoscaled_work(n: int, reporters: int = 4) -> tuple[int, int, 
     ids = sorted(r["replica_id"] for r in shard.replicas())[:reporters]
     state = shard.core.deployment(DEP)
     recomputes = state.replicas.memo_recomputes
-    files, walks = ("controlplane/autoscaling.py",), (ReplicaSet.records, ReplicaSet.ids_in)
+    files = ("controlplane/autoscaling.py", "controlplane/metric_window.py")
+    walks = (ReplicaSet.records, ReplicaSet.ids_in)
     tick_calls = ingest_calls = walked = 0
     for _ in range(30):
         shard.clock.advance(0.1)
