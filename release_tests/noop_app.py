@@ -33,3 +33,12 @@ class ServeHalfSecond(HalfSecond):
 
 
 serve_half_second_app = ServeHalfSecond.bind()
+
+
+@serve.deployment(max_ongoing_requests=2, max_queued_requests=4,
+                  ray_actor_options={"num_cpus": 0})
+class ServeHalfSecondQueued(HalfSecond):
+    """Issue 14's setup on Ray Serve 2.60: 2 slots, a queue of 4, then 503."""
+
+
+serve_half_second_queued_app = ServeHalfSecondQueued.bind()

@@ -1,7 +1,8 @@
 """Retry-After on real HTTP: issue 14's setup through ``fleetplane run``, its proxy and a real
 replica, to check the virtual-time harness (``retry_after_eval``) against the real thing.
 
-    python -m release_tests.retry_after_http [--policies static arrival_aware cluster_informed]
+    python -m release_tests.retry_after_http [--policies static arrival_aware cluster_informed
+        ray-serve-2.60]
         [--rate 4] [--warmup-s 20] [--duration-s 60] [--seed 0]
 
 Per policy, one fresh ``fleetplane run`` of one replica (max_ongoing_requests 2,
@@ -42,6 +43,13 @@ from release_tests.retry_after_sim import Outcome, RunResult, SimConfig, metrics
 
 HANDLER_S, SLOTS, MAX_QUEUED = 0.5, 2, 4
 URL = "http://127.0.0.1:8000/noop"
+# Ray Serve 2.60 on the same setup (``noop_app.ServeHalfSecondQueued``: 2 slots, a queue
+# of 4, its 503 carries no Retry-After): the issue's row "Ray Serve 2.60, static 5 s",
+# clients waiting 5 s where no Retry-After came
+SERVE = "ray-serve-2.60"
+SERVE_URL = "http://127.0.0.1:8001/noop"
+SERVE_CMD = [sys.executable, "-m", "release_tests.serve_baseline", "--port", "8001",
+             "--app", "serve_half_second_queued_app"]
 CONFIG = """\
 http_options: {{host: 127.0.0.1, port: 8000, proxies_per_node: {proxies}}}
 applications:
@@ -68,11 +76,19 @@ class Run:
     completions: list[float] = field(default_factory=list)  # every 200, measured or not
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where the clients go, and how long they wait when no Retry-After came."""
+
+    url: str = URL
+    no_header_wait_s: float = 1.0
+
+
 async def _client(session: aiohttp.ClientSession, run: Run, t0: float, request_id: int,
-                  measured: bool) -> None:
+                  measured: bool, target: Target) -> None:
     first_at, given, done_at = time.monotonic() - t0, [], None
     for attempt in range(2):
-        async with session.get(URL) as r:
+        async with session.get(target.url) as r:
             await r.read()
             if r.status == 200:
                 done_at = time.monotonic() - t0
@@ -81,13 +97,14 @@ async def _client(session: aiohttp.ClientSession, run: Run, t0: float, request_i
             header = r.headers.get("Retry-After")
             given.append(int(header) if header and header.isdigit() else None)
         if attempt == 0:
-            await asyncio.sleep(given[-1] if given[-1] is not None else 1.0)
+            await asyncio.sleep(given[-1] if given[-1] is not None else target.no_header_wait_s)
     if measured:
         attempts = len(given) + (done_at is not None)
         run.outcomes.append(Outcome(request_id, first_at, attempts, tuple(given), done_at))
 
 
-async def drive(rate: float, warmup_s: float, duration_s: float, seed: int) -> Run:
+async def drive(rate: float, warmup_s: float, duration_s: float, seed: int,
+                target: Target = Target()) -> Run:
     """Poisson arrivals until every request first arriving in the window has its outcome."""
     rng, run = random.Random(f"{seed}/arrivals"), Run((warmup_s, warmup_s + duration_s))
     w0, w1 = run.window
@@ -100,7 +117,8 @@ async def drive(rate: float, warmup_s: float, duration_s: float, seed: int) -> R
         while at < w1 or not all(t.done() for t in measured):
             at += rng.expovariate(rate)
             await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-            task = asyncio.create_task(_client(session, run, t0, request_id, w0 <= at < w1))
+            task = asyncio.create_task(_client(session, run, t0, request_id, w0 <= at < w1,
+                                                 target))
             (measured.append if w0 <= at < w1 else background.add)(task)
             request_id += 1
         for task in background:
@@ -121,15 +139,21 @@ def measures(run: Run) -> dict:
 
 
 def measure_policy(policy: str, args: argparse.Namespace) -> dict:
+    """One fresh system per policy: ``fleetplane run`` with it, or Ray Serve (``SERVE``)."""
     with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "retry_after_http.yaml"
-        config.write_text(CONFIG.format(policy=policy, slots=SLOTS, queued=MAX_QUEUED,
-                                        proxies=args.proxies))
-        proc = _start([sys.executable, "-m", "fleetplane.cli", "run", str(config)], {})
+        if policy == SERVE:
+            cmd, target = SERVE_CMD, Target(SERVE_URL, no_header_wait_s=5.0)
+        else:
+            config = Path(tmp) / "retry_after_http.yaml"
+            config.write_text(CONFIG.format(policy=policy, slots=SLOTS, queued=MAX_QUEUED,
+                                            proxies=args.proxies))
+            cmd, target = [sys.executable, "-m", "fleetplane.cli", "run", str(config)], Target()
+        proc = _start(cmd, {})
         try:
-            _wait_ready(URL, timeout_s=180)
+            _wait_ready(target.url, timeout_s=180)
             time.sleep(2 * HANDLER_S)  # let the readiness request drain
-            run = asyncio.run(drive(args.rate, args.warmup_s, args.duration_s, args.seed))
+            run = asyncio.run(drive(args.rate, args.warmup_s, args.duration_s, args.seed,
+                                    target))
         finally:
             _stop(proc)
     return measures(run)
@@ -138,7 +162,9 @@ def measure_policy(policy: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", nargs="+",
-                        default=["static", "arrival_aware", "cluster_informed"])
+                        default=["static", "arrival_aware", "cluster_informed", SERVE],
+                        help=f"fleetplane's retry_after_policy values, and {SERVE} (Ray "
+                             "Serve 2.60 on the same setup, its own proxy: one router)")
     parser.add_argument("--rate", type=float, default=4.0, help="arrivals per s (capacity 4)")
     parser.add_argument("--warmup-s", type=float, default=20.0)
     parser.add_argument("--duration-s", type=float, default=60.0)
