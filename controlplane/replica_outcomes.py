@@ -133,8 +133,10 @@ class ReplicaOutcomes:
             periods = self.settings.rollout_proving_periods + self.settings.unhealthy_threshold
             self._proving[replica_id] = now + periods * self.spec.health_check_period_s
             self._proving_until = max(self._proving_until, self._proving[replica_id])
-        self.health.note_capacity(self.replicas.count(RUNNING), self.target_replicas)
-        self.health.watch(replica_id, now)
+        health = self.health
+        if health.unhealthy:  # else nothing to end: no count per start
+            health.note_capacity(self.replicas.count(RUNNING), self.target_replicas)
+        health.watch(replica_id, now)
         self._recent.append((now, replica_id))
         return True
 

@@ -65,9 +65,9 @@ class DeadlineQueue:
             return
         self._line_tail = at
         line = self._line
-        try:
+        if key in line:  # a test, not a KeyError caught: a new key is every start's
             line.move_to_end(key)
-        except KeyError:
+        else:
             index = self._bucket_of.pop(key, None)
             if index is not None:
                 del self._buckets[index][key]
