@@ -130,6 +130,8 @@ class IntervalWindows:
         self._count = 0
 
     def record(self, interval_s: float, now: float) -> None:
+        # ``HealthPushRegistry.advance`` does this inline for a steady push (issue 13):
+        # a change here is a change there (``test_push_registry`` pins them equal)
         if interval_s < 0:
             raise ValueError(f"interval_s must be >= 0, got {interval_s}")
         if now >= self._roll_at:  # one compare per push (issue 13)

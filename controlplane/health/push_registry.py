@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.health.health_stats import HealthTotals
+from controlplane.health.health_stats import _FOLD_AT, HealthTotals
 from controlplane.wire import PushedHealth
 
 # Seed 000 review fix: "Registry pruning is rate-limited to once per 30s".
@@ -139,7 +139,17 @@ class HealthPushRegistry:
         totals.pushes_total += 1
         if received_at - self._last_prune_at >= PRUNE_INTERVAL_S:
             self._prune(received_at)
-        totals.intervals.record(max(0.0, received_at - old.received_at), received_at)
+        interval = received_at - old.received_at
+        # ``totals.intervals.record(interval, received_at)``, inline: two calls and a
+        # builtin were a sixth of a steady push (issue 13); the same package's class,
+        # its slow path (a roll, a fold) still its own
+        windows = totals.intervals
+        pending = windows._current.pending
+        if received_at >= windows._roll_at or len(pending) >= _FOLD_AT - 1:
+            windows.record(interval if interval > 0.0 else 0.0, received_at)
+        else:
+            pending.append(interval if interval > 0.0 else 0.0)
+            windows._count += 1
         old.checked_at, old.received_at = checked_at, received_at
         return True
 

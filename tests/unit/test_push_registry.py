@@ -195,3 +195,30 @@ def test_buffered_intervals_land_in_the_buckets_one_by_one_bucketing_gives():
     stats = windows.snapshot(1.0)
     assert dict(stats.buckets) == expected and stats.max_s == max(values)
     assert stats.count == len(values)
+
+
+def test_the_steady_path_records_intervals_as_the_windows_themselves_do():
+    # ``advance`` appends a steady push's interval inline (issue 13): across window rolls
+    # and folds, what it leaves must be what ``IntervalWindows.record`` would
+    import random
+
+    from controlplane.health.health_stats import _FOLD_AT
+    rng = random.Random(13)
+    fast_totals, slow = HealthTotals(), IntervalWindows()
+    registry = HealthPushRegistry(fast_totals)
+    last: dict[str, float] = {}
+    now, checked = T0, 1.0
+    for i in range(3 * _FOLD_AT):
+        rid = f"r{rng.randrange(50)}"
+        now += rng.choice([0.0, 0.001, 0.02, 0.5, 7.0 if i % 997 == 0 else 0.01])
+        checked += 1.0
+        if rid not in last:
+            registry.record(rid, ok(checked), now)  # the first entry: no interval
+        else:
+            assert registry.advance(rid, checked, now)
+            slow.record(max(0.0, now - last[rid]), now)
+        last[rid] = now
+    fast = fast_totals.intervals
+    for at in (now, now + 61.0):
+        assert fast.snapshot(at) == slow.snapshot(at)
+    assert fast.snapshot(now).count == slow.snapshot(now).count > 2 * _FOLD_AT
