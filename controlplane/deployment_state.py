@@ -338,27 +338,45 @@ class DeploymentState(ReplicaOutcomes):
         """A node batch's rows of this deployment: what ``record_metrics`` does per
         report, without a report object per row.
         A malformed row is logged and skipped; it never costs the rest of the batch.
-        Issue 13: a steady push (taken by ``record_steady``) is from a watched, so serving,
-        replica: its load needs no record lookup either; and the loads go to the window
-        in one call, after the batch's health."""
-        get, push, policy = self.replicas.get, self.health.record_values, self._policy
-        steady = self.health.record_steady
-        loads: list[tuple[str, int]] = []  # (replica id, load) of this deployment's replicas
-        load = 0
+        Issue 13: the steady pushes are taken first, in one loop (``take_steady``); they
+        come from watched, so serving, replicas: their loads need no record lookup. The
+        loads go to the window in one call, after the batch's health."""
+        policy = self._policy
+        if policy is None:
+            self._record_rest(self.health.take_steady(rows, now), now, None)
+            return
+        taken: list[ReportRow] = []
+        rest = self.health.take_steady(self._counts_checked(rows), now, taken)
+        loads = [(row[0], row[1] + row[2]) for row in taken]
+        self._record_rest(rest, now, loads)
+        if loads:
+            self._metrics.record_loads(loads, now)
+
+    def _counts_checked(self, rows: list[ReportRow]) -> list[ReportRow]:
+        """The rows whose request counts are >= 0 (an autoscaled deployment's: checked
+        before anything is taken from a row); the others logged and dropped."""
+        good = []
+        for row in rows:
+            try:
+                if row[1] < 0 or row[2] < 0:
+                    raise ValueError(f"request counts must be >= 0, got {row!r}")
+                good.append(row)
+            except (TypeError, ValueError, IndexError, KeyError) as e:
+                logger.warning("%s: dropped a malformed report row %.200r: %s",
+                               self.spec.id, row, e)
+        return good
+
+    def _record_rest(self, rows: list[ReportRow], now: float,
+                     loads: list[tuple[str, int]] | None) -> None:
+        """The rows ``take_steady`` left: each through the general path, its load (with
+        ``loads``: an autoscaled deployment) for a replica this deployment has."""
+        get, push = self.replicas.get, self.health.record_values
         for row in rows:
             try:
                 replica_id, ongoing, queued, healthy, checked_at, failures, error = row
-                if policy is not None:  # checked before anything is taken from the row
-                    if ongoing < 0 or queued < 0:
-                        raise ValueError(f"request counts must be >= 0, got {row!r}")
-                    load = ongoing + queued
-                if healthy is True and steady(replica_id, checked_at, now):
-                    if policy is not None:
-                        loads.append((replica_id, load))
-                    continue
                 record = get(replica_id)
-                if policy is not None and record is not None:
-                    loads.append((replica_id, load))
+                if loads is not None and record is not None:
+                    loads.append((replica_id, ongoing + queued))
                 if healthy is None:
                     continue
                 if healthy is not True:  # checked as the wire type checks it
@@ -368,8 +386,6 @@ class DeploymentState(ReplicaOutcomes):
             except (TypeError, ValueError) as e:
                 logger.warning("%s: dropped a malformed report row %.200r: %s",
                                self.spec.id, row, e)
-        if loads:
-            self._metrics.record_loads(loads, now)
 
     def record_metrics(self, report: MetricReport, now: float) -> None:
         if report.health is not None:  # before the policy check: health rides on every report

@@ -73,6 +73,16 @@ class DeadlineQueue:
                 del self._buckets[index][key]
         line[key] = at
 
+    def line_for(self, at: float) -> OrderedDict[str, float] | None:
+        """``schedule_in_order`` for many keys at one ``at`` (a node batch, issue 13): the
+        line, which takes a key already in it as ``move_to_end(key)`` then ``line[key] =
+        at``; any other key goes through ``schedule_in_order``. None when ``at`` is before
+        the line's tail: ``schedule_in_order`` each then."""
+        if at < self._line_tail:
+            return None
+        self._line_tail = at
+        return self._line
+
     def schedule(self, key: str, at: float) -> None:
         self._line.pop(key, None)
         index = int(at * _PER_S) if at >= 0 else math.floor(at * _PER_S)

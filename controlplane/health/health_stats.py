@@ -142,6 +142,19 @@ class IntervalWindows:
             self._current.fold()
         self._count += 1
 
+    def buffer_for(self, now: float) -> list[float]:
+        """``record`` for many intervals (each >= 0) at ``now``: the caller appends them to
+        this list, then says how many with ``buffered``, and drops the list (a fold
+        replaces it). A node batch's steady pushes, one call each way (issue 13)."""
+        if now >= self._roll_at:
+            self._roll(now)
+        return self._current.pending
+
+    def buffered(self, n: int) -> None:
+        self._count += n
+        if len(self._current.pending) >= _FOLD_AT:
+            self._current.fold()
+
     def _roll(self, now: float) -> None:
         if self._start is None:
             self._start, self._roll_at = now, now + self._window_s

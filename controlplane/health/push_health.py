@@ -131,6 +131,59 @@ class DeploymentHealth:
         self._due.schedule_in_order(replica_id, received_at + self._stale_s)
         return True
 
+    def take_steady(self, rows: list, received_at: float,
+                    taken: list | None = None) -> list:
+        """``record_steady`` of each healthy row of a node batch (all received at once), in
+        one loop over the structures their owners hand out for a batch (issue 13: a call
+        or two per row were half of its cost); the rows not taken, in order, for the
+        caller's general path (the malformed ones among them). ``taken``: the rows
+        taken are appended to it. Once a replica's row is left, so are its later ones:
+        each replica's rows still apply in the batch's order."""
+        at = received_at + self._stale_s
+        line = self._due.line_for(at)
+        if line is None:
+            return rows
+        registry = self.registry
+        entries, intervals = registry.entries, None
+        states, schedule, rest, count = self._states, self._due.schedule_in_order, [], 0
+        left: set[str] = set()
+        for row in rows:
+            try:  # record_steady's test, then registry.advance's
+                replica_id, _, _, healthy, checked_at, _, _ = row
+                state, entry = states.get(replica_id), entries.get(replica_id)
+                if (healthy is not True or state is None or replica_id in left
+                        or state.failures
+                        or state.probe_started_at is not None
+                        or state.push_received_at is None
+                        or received_at <= state.push_received_at
+                        or (state.applied_probe_started_at is not None
+                            and received_at <= state.applied_probe_started_at)
+                        or entry is None or not entry.healthy
+                        or checked_at <= entry.checked_at):
+                    rest.append(row)
+                    left.add(replica_id)
+                    continue
+            except (TypeError, ValueError):
+                rest.append(row)
+                continue
+            if intervals is None:  # at the first taken, as a push does: not for none
+                intervals = registry.steady_buffer(received_at)
+            interval = received_at - entry.received_at
+            intervals.append(interval if interval > 0.0 else 0.0)
+            entry.checked_at, entry.received_at = checked_at, received_at
+            state.push_received_at = received_at
+            if replica_id in line:
+                line.move_to_end(replica_id)
+                line[replica_id] = at
+            else:
+                schedule(replica_id, at)
+            count += 1
+            if taken is not None:
+                taken.append(row)
+        if count:
+            registry.steady_done(count)
+        return rest
+
     def record_values(self, replica_id: str, healthy: bool, checked_at: float, failures: int,
                       error: str, received_at: float, via_heartbeat: bool = False) -> None:
         """``record_push`` of a push's fields (a batch row: no ``PushedHealth`` built)."""

@@ -153,6 +153,24 @@ class HealthPushRegistry:
         old.checked_at, old.received_at = checked_at, received_at
         return True
 
+    @property
+    def entries(self) -> dict[str, PushEntry]:
+        """For ``DeploymentHealth.take_steady``: read, and updated in place by a steady
+        push as ``advance`` does (its checks first), after ``steady_buffer``."""
+        return self._entries
+
+    def steady_buffer(self, received_at: float) -> list[float]:
+        """``advance`` for a node batch, at its first steady push: pruned as a push
+        prunes, the interval buffer each one's interval is appended to; then
+        ``steady_done`` with the number of them."""
+        if received_at - self._last_prune_at >= PRUNE_INTERVAL_S:
+            self._prune(received_at)
+        return self._totals.intervals.buffer_for(received_at)
+
+    def steady_done(self, taken: int) -> None:
+        self._totals.pushes_total += taken
+        self._totals.intervals.buffered(taken)
+
     def get(self, replica_id: str) -> PushEntry | None:
         return self._entries.get(replica_id)
 

@@ -230,3 +230,26 @@ def test_batched_load_reports_scale_a_deployment_as_single_reports_do():
         target = batched.status()["target_replicas"]
         assert target == single.status()["target_replicas"] and target > 1
     run_virtual(FakeClock(), main)
+
+
+def test_an_autoscaled_batch_takes_steady_rows_and_a_row_with_bad_counts_not_at_all():
+    # the steady rows are taken in one loop (issue 13); a row whose counts are wrong is
+    # dropped before any of it is taken, health included
+    from tests.unit.test_metric_window import autoscaled
+
+    async def main():
+        shard = Shard()
+        await shard.deploy(autoscaled(8), ticks=4)
+        [rid] = [r["replica_id"] for r in shard.replicas()]
+        state = shard.core.deployment(DEP)
+        shard.core.report_batch({KEY: [report_row(report(rid, at=1.0, ongoing=1))]})
+        await shard.step()  # the first push applied: the next healthy ones are steady
+        pushes = shard.core.health_totals.statistics(0.0).pushes_total
+        shard.core.report_batch({KEY: [(rid, -1, 0, True, 2.0, 0, "")]})
+        assert shard.core.health_totals.statistics(0.0).pushes_total == pushes
+        assert state.health.registry.get(rid).checked_at == 1.0
+        shard.core.report_batch({KEY: [report_row(report(rid, at=3.0, ongoing=4))]})
+        assert shard.core.health_totals.statistics(0.0).pushes_total == pushes + 1
+        assert state.health.registry.get(rid).checked_at == 3.0
+        assert state._metrics.average_load(shard.clock.monotonic()) == 2.5  # (1 + 4) / 2
+    run_virtual(FakeClock(), main)
