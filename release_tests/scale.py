@@ -101,6 +101,9 @@ class Limits:
 
 # ---- workers: one (system, N) per process ---------------------------------------------------
 def run_worker(args: argparse.Namespace) -> None:
+    if args.phase == "scaleup":
+        Path(args.out).write_text(json.dumps({"result": _scaleup_only(args), "samples": []}))
+        return
     if args.worker == "fleetplane":
         import logging
         logging.basicConfig(level=logging.WARNING)
@@ -117,12 +120,23 @@ def run_worker(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps({"result": result, "samples": samples}))
 
 
+def _scaleup_only(args: argparse.Namespace) -> dict:
+    if args.worker == "fleetplane":
+        from release_tests.scale_fleet import FleetOptions, run_fleet_scaleup
+        return run_fleet_scaleup(args.n, FleetOptions(
+            steady_ticks=0, start_delay_s=args.start_delay_s, limits=_limits(args)))
+    from release_tests.scale_serve import run_serve_scaleup
+    return run_serve_scaleup(args.n, args.start_delay_s, _limits(args))
+
+
 def _limits(args: argparse.Namespace) -> Limits:
     return Limits(args.max_ticks, args.phase_budget_s)
 
 
-def _spawn(system: str, n: int, args: argparse.Namespace) -> tuple[dict | None, list]:
-    """Run one worker; (None, []) when it failed (its stderr is already on ours)."""
+def _spawn(system: str, n: int, args: argparse.Namespace,
+           phase: str = "all") -> tuple[dict | None, list]:
+    """Run one worker (every phase, or the scale-up alone); (None, []) when it failed (its
+    stderr is already on ours)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [sys.executable, "-m", "release_tests.scale", "--worker", system, "--n", str(n),
@@ -130,7 +144,8 @@ def _spawn(system: str, n: int, args: argparse.Namespace) -> tuple[dict | None, 
            "--start-delay-s", str(args.start_delay_s), "--surge-fraction",
            str(args.surge_fraction), "--max-ticks", str(args.max_ticks),
            "--phase-budget-s", str(args.phase_budget_s),
-           "--profile-n", str(args.profile_n), "--profile-s", str(args.profile_s)]
+           "--profile-n", str(args.profile_n), "--profile-s", str(args.profile_s),
+           "--phase", phase]
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent,
@@ -289,6 +304,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="health_push's mode: node batches (the default path) or one call "
                         "per report")
     p.add_argument("--worker-timeout-s", type=float, default=1800.0)
+    p.add_argument("--scaleup-runs", type=int, default=3,
+                   help="0 -> N runs per system and N, each in a fresh process; the "
+                        "median is reported (one run varies by up to a third here)")
+    p.add_argument("--phase", default="all", choices=("all", "scaleup"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=("fleetplane", "serve"), help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -307,7 +327,9 @@ def measure(sizes: list[int], args: argparse.Namespace) -> tuple[dict, list]:
         for system in ("fleetplane",) if args.no_serve else ("fleetplane", "serve"):
             result, rows = _spawn(system, n, args)
             if result is not None:
-                results[system][n] = result
+                results[system][n] = _median_scaleup(result, [
+                    _spawn(system, n, args, "scaleup")[0]
+                    for _ in range(args.scaleup_runs - 1)])
                 samples += [(system, n, *row) for row in rows]
     ray_measured = through_ray(sizes, args) if args.ray else {}
     for n, r in results["fleetplane"].items():
@@ -315,6 +337,18 @@ def measure(sizes: list[int], args: argparse.Namespace) -> tuple[dict, list]:
         r["shard_cpu_us_per_update"] = m["controller_cpu_us_per_update"] if m else None
         r["miss_rate"] = m["miss_rate"] if m else None
     return results, samples
+
+
+def _median_scaleup(result: dict, more: list[dict | None]) -> dict:
+    """``result`` with its 0 -> N figures the median of its own and ``more`` runs' (a run
+    that failed or did not converge left out); every run's figures kept beside."""
+    runs = [r for r in [result, *more] if r is not None and r["scaleup_s"] is not None]
+    if not runs:
+        return result
+    mid = sorted(runs, key=lambda r: r["scaleup_cpu_us_per_replica"])[(len(runs) - 1) // 2]
+    return {**result, **{k: mid[k] for k in ("scaleup_s", "scaleup_ticks",
+                                             "scaleup_cpu_us_per_replica")},
+            "scaleup_runs_cpu_us": [round(r["scaleup_cpu_us_per_replica"], 1) for r in runs]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     print(f"tick p50 growth: fleetplane {growth(results['fleetplane'])}, "
           f"Ray Serve {growth(results['serve'])}")
+    print("0 -> N, CPU us per start of each run (the table: their median): " + "; ".join(
+        f"{system} {n}: {r.get('scaleup_runs_cpu_us')}"
+        for system, by_n in results.items() for n, r in sorted(by_n.items())))
     for n, r in results["fleetplane"].items():
         print_profile(n, r.get("profile") or {})
     for path in write_parquet(results, samples):

@@ -479,3 +479,14 @@ def run_fleet(n: int, opts: FleetOptions, log: Callable) -> tuple[dict, list]:
     a 10% rolling replacement of all n, scale-down to n/32: one result dict and the
     per-tick samples."""
     return run_virtual(FakeClock(), lambda: _run(n, opts, log))
+
+
+def run_fleet_scaleup(n: int, opts: FleetOptions) -> dict:
+    """0 -> n alone, in a fresh process (``release_tests.scale --scaleup-runs``)."""
+    async def scaleup() -> dict:
+        bench = FleetBench(opts.surge_fraction, opts.start_delay_s)
+        bench.core.apply([make_spec(MAIN, n)], [])
+        up = await bench.converge("scaleup", lambda: bench.settled(MAIN, n), opts.limits,
+                                  pushing=False)
+        return up.as_dict("scaleup", n)
+    return run_virtual(FakeClock(), scaleup)

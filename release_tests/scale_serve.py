@@ -322,3 +322,14 @@ def run_serve(n: int, steady_updates: int, start_delay_s: float, limits: Limits,
                   [cpu for p, _, _, cpu in bench.samples if p == "replace"], 50),
               **down.as_dict("scaledown", n - small)}
     return result, bench.samples
+
+
+def run_serve_scaleup(n: int, start_delay_s: float, limits: Limits) -> dict:
+    """0 -> n alone, in a fresh process (``release_tests.scale --scaleup-runs``)."""
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    with serve_environment(start_delay_s) as (manager, timer):
+        bench = ServeBench(manager, timer, [])
+        manager.deploy(DEPLOYMENT, _info(n, "v1"))
+        up = bench.converge("scaleup", lambda: bench._count(ReplicaState.RUNNING) == n,
+                            limits)
+    return up.as_dict("scaleup", n)
