@@ -299,10 +299,7 @@ def run_serve(n: int, steady_updates: int, start_delay_s: float, limits: Limits,
     """Scale-up 0 -> n, steady updates, rolling replacement of all n, scale-down to n/32."""
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     with serve_environment(start_delay_s) as (manager, timer):
-        bench = ServeBench(manager, timer, [])
-        manager.deploy(DEPLOYMENT, _info(n, "v1"))
-        up = bench.converge("scaleup", lambda: bench._count(ReplicaState.RUNNING) == n,
-                            limits)
+        bench, up = _scale_up(manager, timer, n, limits)
         log(f"[serve {n}] scale-up {up.text(n)}")
         steady = [bench.update("steady", i) for i in range(steady_updates)]
         manager.deploy(DEPLOYMENT, _info(n, "v2"))
@@ -324,12 +321,17 @@ def run_serve(n: int, steady_updates: int, start_delay_s: float, limits: Limits,
     return result, bench.samples
 
 
+def _scale_up(manager: Any, timer: Any, n: int, limits: Limits) -> tuple[ServeBench,
+                                                                          PhaseResult]:
+    bench = ServeBench(manager, timer, [])
+    manager.deploy(DEPLOYMENT, _info(n, "v1"))
+    return bench, bench.converge("scaleup", lambda: bench._count(ReplicaState.RUNNING) == n,
+                                 limits)
+
+
 def run_serve_scaleup(n: int, start_delay_s: float, limits: Limits) -> dict:
     """0 -> n alone, in a fresh process (``release_tests.scale --scaleup-runs``)."""
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     with serve_environment(start_delay_s) as (manager, timer):
-        bench = ServeBench(manager, timer, [])
-        manager.deploy(DEPLOYMENT, _info(n, "v1"))
-        up = bench.converge("scaleup", lambda: bench._count(ReplicaState.RUNNING) == n,
-                            limits)
+        _, up = _scale_up(manager, timer, n, limits)
     return up.as_dict("scaleup", n)

@@ -155,6 +155,21 @@ def test_running_total_equals_the_definition_on_one_monotonic_clock(seed, cap, h
     assert answered > steps // 10
 
 
+def query_or_churn(rng: random.Random, roll: float, w: MetricWindow, ref: HeldSamples,
+                   ids: list[str], clock: float, look_back_s: float) -> float:
+    """A random walk's other step: a query now, later or about the past (``roll`` <
+    0.85), else a membership change; the clock after it."""
+    if roll < 0.85:
+        now = clock + rng.choice([0.0, 0.5, -1.0, -2 * look_back_s])
+        assert w.average_load(now) == as_float(ref.query(now))
+        return max(clock, now)
+    forgotten = change_membership(rng, w, ref.counted, ids)
+    if forgotten is not None:
+        w.forget(forgotten)
+        ref.forget(forgotten)
+    return clock
+
+
 def test_reports_and_queries_out_of_time_order_match_the_held_samples():
     rng, look_back_s = random.Random(7), 3.0
     ids = [f"r{i}" for i in range(6)]
@@ -173,15 +188,8 @@ def test_reports_and_queries_out_of_time_order_match_the_held_samples():
             clock = max(clock, at)
             ref.record(rid, load, at)
             w.record(report(rid, load), received_at=at)
-        elif roll < 0.85:  # a query now, later, or about the past
-            now = clock + rng.choice([0.0, 0.5, -1.0, -2 * look_back_s])
-            clock = max(clock, now)
-            assert w.average_load(now) == as_float(ref.query(now))
         else:
-            forgotten = change_membership(rng, w, ref.counted, ids)
-            if forgotten is not None:
-                w.forget(forgotten)
-                ref.forget(forgotten)
+            clock = query_or_churn(rng, roll, w, ref, ids, clock, look_back_s)
 
 
 # --- membership and odd loads ----------------------------------------------------------

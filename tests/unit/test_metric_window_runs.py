@@ -20,7 +20,7 @@ from controlplane.config import AutoscalingConfig
 from controlplane.wire import MetricReport, PushedHealth, report_row
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
 from tests.unit.test_metric_window import (HeldSamples, as_float, change_membership, counting,
-                                           definition)
+                                           definition, query_or_churn)
 from tests.unit.virtual_time import wait_all_tasks_blocked
 
 T0 = 1000.0
@@ -90,15 +90,8 @@ def test_batches_behind_the_clock_match_the_held_samples():
             w.record_loads(batch, at)
             for rid, load in batch:
                 ref.record(rid, load, at)
-        elif roll < 0.85:
-            now = clock + rng.choice([0.0, 0.5, -1.0, -2 * look_back_s])
-            clock = max(clock, now)
-            assert w.average_load(now) == as_float(ref.query(now))
         else:
-            forgotten = change_membership(rng, w, ref.counted, ids)
-            if forgotten is not None:
-                w.forget(forgotten)
-                ref.forget(forgotten)
+            clock = query_or_churn(rng, roll, w, ref, ids, clock, look_back_s)
     with pytest.raises(ValueError, match="backwards"):
         w.record_loads([("r0", 1)], clock - 2 * look_back_s)
 
