@@ -147,12 +147,26 @@ def test_running_total_equals_the_definition_on_one_monotonic_clock(seed, cap, h
                 assert got == pytest.approx(recount, rel=1e-9, abs=1e-9)
                 answered += 1
         else:
-            forgotten = change_membership(rng, w, counted, ids)
-            if forgotten is not None:
-                w.forget(forgotten)
-                history.pop(forgotten, None)
-                counted.discard(forgotten)
+            churn_history(rng, w, counted, ids, history)
     assert answered > steps // 10
+
+
+def churn_history(rng: random.Random, w: MetricWindow, counted: set[str], ids: list[str],
+                  history: dict) -> None:
+    """A membership change, with the definition's history and counted set kept in step."""
+    forgotten = change_membership(rng, w, counted, ids)
+    if forgotten is not None:
+        w.forget(forgotten)
+        history.pop(forgotten, None)
+        counted.discard(forgotten)
+
+
+def held_walk(seed: int, look_back_s: float = 3.0) -> tuple:
+    """A random walk's pieces: its rng, 6 replica ids, a window (cap 4) and the held
+    samples it must match, and the look-back."""
+    return (random.Random(seed), [f"r{i}" for i in range(6)],
+            MetricWindow(look_back_period_s=look_back_s, max_samples_per_replica=4),
+            HeldSamples(look_back_s, 4), look_back_s)
 
 
 def query_or_churn(rng: random.Random, roll: float, w: MetricWindow, ref: HeldSamples,
@@ -171,10 +185,7 @@ def query_or_churn(rng: random.Random, roll: float, w: MetricWindow, ref: HeldSa
 
 
 def test_reports_and_queries_out_of_time_order_match_the_held_samples():
-    rng, look_back_s = random.Random(7), 3.0
-    ids = [f"r{i}" for i in range(6)]
-    w = MetricWindow(look_back_period_s=look_back_s, max_samples_per_replica=4)
-    ref = HeldSamples(look_back_s, 4)
+    rng, ids, w, ref, look_back_s = held_walk(7)
     clock = T0
     for _ in range(5_000):
         roll = rng.random()

@@ -19,8 +19,9 @@ from controlplane.autoscaling import MetricWindow
 from controlplane.config import AutoscalingConfig
 from controlplane.wire import MetricReport, PushedHealth, report_row
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
-from tests.unit.test_metric_window import (HeldSamples, as_float, change_membership, counting,
-                                           definition, query_or_churn)
+from tests.unit.test_metric_window import (as_float, churn_history,
+                                           counting, definition, held_walk,
+                                           query_or_churn)
 from tests.unit.virtual_time import wait_all_tasks_blocked
 
 T0 = 1000.0
@@ -63,21 +64,14 @@ def test_runs_of_few_loads_in_batches_equal_the_definition(seed, cap):
             assert got == as_float(definition(history, counted, now, look_back_s, cap))
             answered += got is not None
         else:
-            forgotten = change_membership(rng, w, counted, ids)
-            if forgotten is not None:
-                w.forget(forgotten)
-                history.pop(forgotten, None)
-                counted.discard(forgotten)
+            churn_history(rng, w, counted, ids, history)
     assert answered > 500
 
 
 def test_batches_behind_the_clock_match_the_held_samples():
     """A batch received before another's newer one (never from one shard clock): each of
     its reports as ``record_load`` takes it, backwards ones refused."""
-    rng, look_back_s = random.Random(17), 3.0
-    ids = [f"r{i}" for i in range(6)]
-    w = MetricWindow(look_back_period_s=look_back_s, max_samples_per_replica=4)
-    ref = HeldSamples(look_back_s, 4)
+    rng, ids, w, ref, look_back_s = held_walk(17)
     clock = T0
     for _ in range(3_000):
         roll = rng.random()
