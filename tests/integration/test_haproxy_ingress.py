@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
+from typing import Callable
 
 import pytest
 import requests
 
 from controlplane.config import parse_deploy_config
+from controlplane.haproxy import membership
 from tests.integration.conftest import (app, call, dep_status, own_fleet, port_of, settled,
                                         wait_for)
 from tests.integration.test_self_healing import Load
@@ -230,7 +233,7 @@ def test_a_replica_killed_mid_request_a_post_is_502_a_get_is_retried(haproxy):
 
     import ray
 
-    def holder(status: dict) -> dict | None:
+    def holder(status: dict) -> tuple[str, int] | None:
         for r in dep_status(status, "web", "HttpModel")["replicas"]:
             try:  # the status may still list the replica killed a moment ago
                 actor = ray.get_actor(r["actor_name"], namespace=NAMESPACE)
@@ -238,22 +241,40 @@ def test_a_replica_killed_mid_request_a_post_is_502_a_get_is_retried(haproxy):
             except (ValueError, ray.exceptions.RayActorError):
                 continue  # gone: it holds nothing
             if state["ongoing_requests"]:
-                return state
+                return r["replica_id"], state["pid"]
         return None
 
+    def replaced(killed: set[str]) -> Callable[[dict], bool]:
+        """Two RUNNING replicas, none of them killed here (a status read a moment after a
+        kill still lists the dead one), and exactly they UP in HAProxy: a GET sent before
+        HAProxy drops a dead server could be retried on dead servers only."""
+        def check(s: dict) -> bool:
+            if not settled("web", 2, "HttpModel")(s):
+                return False
+            live = {r["replica_id"] for r in dep_status(s, "web", "HttpModel")["replicas"]}
+            return not live & killed and up_servers("be_web_HttpModel_") == {
+                membership.server_name(rid) for rid in live}
+        return check
+
+    def up_servers(backend_prefix: str) -> set[str]:
+        """The servers HAProxy's own exporter says are UP in that backend."""
+        return {m["server"] for m in re.finditer(
+            r'^haproxy_server_status\{proxy="(?P<proxy>[^"]+)",server="(?P<server>[^"]+)",'
+            r'state="UP"\} 1$', get(haproxy, "/metrics").text, re.MULTILINE)
+            if m["proxy"].startswith(backend_prefix)}
+
     url = f"http://127.0.0.1:{port_of(haproxy)}/web?kind=sleep&s=3"
+    killed: set[str] = set()
     with ThreadPoolExecutor(1) as pool:
         for method, expected in (("POST", (502,)), ("GET", (200, "slept"))):
-            status = wait_for(haproxy, lambda s: settled("web", 2, "HttpModel")(s)
-                              and s["controller"]["haproxy"][0].get("servers") == 4,
-                              what="web at 2 replicas")
+            status = wait_for(haproxy, replaced(killed), what="web at 2 live replicas")
             answer = pool.submit(requests.request, method, url, timeout=30)
             deadline = time.monotonic() + 10
-            while (state := holder(status)) is None:
-                status = haproxy.status()  # the replacement of a replica just killed
+            while (held := holder(status)) is None:
                 assert time.monotonic() < deadline, "no replica took the request"
                 time.sleep(0.05)
-            os.kill(state["pid"], signal.SIGKILL)
+            killed.add(held[0])
+            os.kill(held[1], signal.SIGKILL)
             reply = answer.result(30)
             assert (reply.status_code, reply.text)[:len(expected)] == expected, method
 
