@@ -58,6 +58,11 @@ class NodeReporter:
         self._flusher: asyncio.Task | None = None
         self._sends: set[asyncio.Task] = set()
 
+    async def ready(self) -> bool:
+        """Answered once the actor runs: a replica's sender waits for it without blocking
+        its reports (``report_sender``)."""
+        return True
+
     async def report(self, shard: str, key: DeploymentKey, row: ReportRow) -> bool:
         """Queue one replica's report for ``shard``; False: send it directly instead."""
         if self._flusher is None or self._flusher.done():
@@ -123,6 +128,6 @@ def report_sender(init: ReplicaInit, shard: Any, clock: Clock) -> ReportSender:
 
         async def find() -> Any:
             return await asyncio.to_thread(reporter_for, init.namespace, node_id, interval_s)
-    # Long enough for the first report to wait out the reporter's creation.
+    # A report through a running reporter; one still starting is waited for apart.
     timeout_s = max(5.0, 2 * init.metrics_report_interval_s)
     return ReportSender(shard, init.shard_name, key, clock, find, timeout_s)

@@ -9,7 +9,8 @@ import pytest
 from controlplane.clock import FakeClock
 from controlplane.wire import MetricReport, PushedHealth, report_row, row_report
 from replicas.report_batch import ReportBatcher
-from replicas.report_sender import RETRY_REPORTER_S, ReportSender
+from replicas.report_sender import (FIRST_WAIT_S, RETRY_REPORTER_S, START_TIMEOUT_S,
+                                    ReportSender)
 from tests.unit.shard_harness import DEP, Shard, make_spec
 from tests.unit.virtual_time import run_virtual
 
@@ -86,9 +87,10 @@ def test_a_stuck_batch_makes_the_reporter_refuse_rows_for_that_shard_only():
 class Remote:
     """``actor.method.remote(...)`` returning an awaitable, recording the call."""
 
-    def __init__(self, answer=None, error: BaseException | None = None, hang: bool = False):
+    def __init__(self, answer=None, error: BaseException | None = None, hang: bool = False,
+                 until: asyncio.Event | None = None):
         self.calls: list[tuple] = []
-        self.answer, self.error, self.hang = answer, error, hang
+        self.answer, self.error, self.hang, self.until = answer, error, hang, until
 
     def remote(self, *args):
         self.calls.append(args)
@@ -97,6 +99,8 @@ class Remote:
     async def _result(self):
         if self.hang:
             await asyncio.Event().wait()
+        if self.until is not None:
+            await self.until.wait()
         if self.error is not None:
             raise self.error
         return self.answer
@@ -108,12 +112,17 @@ class FakeActor:
             setattr(self, name, remote)
 
 
-def sender(reporter: FakeActor | None, clock: FakeClock) -> tuple[ReportSender, FakeActor]:
+def sender(reporter: FakeActor | None, clock: FakeClock,
+           found: list | None = None) -> tuple[ReportSender, FakeActor]:
+    """``reporter`` answers ``ready`` at once unless it has a ``ready`` of its own;
+    ``found`` gets one item per lookup."""
     shard = FakeActor(report_metrics=Remote())
-    found = []
+    if reporter is not None and not hasattr(reporter, "ready"):
+        reporter.ready = Remote(answer=True)
 
     async def find():
-        found.append(1)
+        if found is not None:
+            found.append(1)
         if reporter is None:
             raise RuntimeError("no node")
         return reporter
@@ -166,6 +175,54 @@ def test_a_reporter_that_refuses_keeps_being_asked_but_the_report_goes_directly(
         await s.send(report(at=1.0))
         await s.send(report(at=2.0))
         assert len(reporter.report.calls) == 2 and len(shard.report_metrics.calls) == 2
+    drive(main)
+
+
+def test_a_starting_reporter_takes_reports_once_ready_and_none_waits_or_fails_meanwhile():
+    """A reporter whose worker is still starting (a scale-up burst): the first report waits
+    ``FIRST_WAIT_S`` once, then reports go directly without waiting, nothing is marked
+    failed (no 30 s of direct reports), and the node path takes over once it answers."""
+    async def main(clock):
+        started = asyncio.Event()
+        reporter = FakeActor(report=Remote(answer=True), ready=Remote(until=started))
+        found: list = []
+        s, shard = sender(reporter, clock, found)
+        t0 = clock.monotonic()
+        await s.send(report(at=1.0))
+        assert clock.monotonic() - t0 == pytest.approx(FIRST_WAIT_S)
+        clock.advance(START_TIMEOUT_S / 2)
+        t1 = clock.monotonic()
+        await s.send(report(at=2.0))
+        assert clock.monotonic() == t1  # not waited on again
+        assert (s.direct, s.via_node, len(reporter.report.calls)) == (2, 0, 0)
+        started.set()
+        await asyncio.sleep(0)
+        await s.send(report(at=3.0))
+        assert (s.direct, s.via_node, len(found), len(reporter.ready.calls)) == (2, 1, 1, 1)
+    drive(main)
+
+
+@pytest.mark.parametrize("ready, failed_after_s", [
+    (Remote(hang=True), START_TIMEOUT_S),  # never answers: failed once the time is out
+    (Remote(error=RuntimeError("no worker")), 0.0),  # raises: failed at once
+])
+def test_a_reporter_that_never_starts_fails_like_a_dead_one(ready, failed_after_s):
+    """Reports go directly and the reporter is looked up again ``RETRY_REPORTER_S`` after
+    the failure, not before."""
+    async def main(clock):
+        found: list = []
+        reporter = FakeActor(report=Remote(answer=True), ready=ready)
+        s, shard = sender(reporter, clock, found)
+        await s.send(report(at=1.0))
+        if failed_after_s:
+            clock.advance(failed_after_s)
+            await s.send(report(at=2.0))  # the time is out: failed now
+        clock.advance(RETRY_REPORTER_S / 2)
+        await s.send(report(at=3.0))
+        assert len(found) == 1 and len(reporter.report.calls) == 0
+        clock.advance(RETRY_REPORTER_S / 2)
+        await s.send(report(at=4.0))
+        assert len(found) == 2 and s.via_node == 0
     drive(main)
 
 
