@@ -14,7 +14,9 @@ and re-adopts its replicas; a restarted proxy is told to serve again.
 
 The fleet follows the nodes (``nodes.NodeWatch``, one GCS reading a second): listeners
 on every alive node, forgotten when it leaves; a draining node's listeners fail
-readiness and the shards move its replicas before its deadline.
+readiness and the shards move its replicas before its deadline. Where a deployment
+reports through node reporters, every node's reporter is created before replicas start
+(at a deploy and when a node joins), not behind them.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from controlplane.long_poll import LongPollHost
 from controlplane.nodes import NodeChanges, NodeInfo, NodeWatch, node_rows, read_nodes
 from controlplane.priority import take_control_priority
 from controlplane.proxy_fleet import ProxyFleet
-from controlplane.settings import REPORTER_PREFIX, Settings, shard_actor_name
+from controlplane.replica_client import load_plugin
+from controlplane.settings import REPORTER_PREFIX, Settings, shard_actor_name, uses_reporter
 from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of, with_direct_ingress
 from controlplane.status import assemble_status, check_names
 from controlplane.supervision import Supervisor, restarted_by_ray
-from controlplane.wire import ROUTES_KEY, RoutesUpdate
+from controlplane.wire import ROUTES_KEY, START_REPORTERS, RoutesUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +130,7 @@ class Controller:
         num_shards = normalized["controller_options"]["num_shards"]
         specs = with_direct_ingress(specs, normalized["http_options"])
         await self._proxies.ensure(normalized["http_options"])  # raises: nothing changed
+        await self._ensure_reporters(specs)
         if checkpoint:
             # The built specs are checkpointed, not only the config: a restarted controller
             # resumes exactly what was deployed, without re-importing code edited since.
@@ -195,6 +199,21 @@ class Controller:
         drains = self._drains if self._nodes.nodes else None
         await self._shards[index].set_desired.remote(specs, drains)
 
+    async def _ensure_reporters(self, specs: list[DeploymentSpec]) -> None:
+        """Every schedulable node's reporter created before replicas need it, if any
+        deployment reports through one (``node_reporter.start_reporters``)."""
+        replica = self._settings.replica
+        if not any(uses_reporter(replica.report_batch_interval_s,
+                                 replica.metrics_report_interval_s, s.health_check_period_s)
+                   for s in specs):
+            return
+
+        def start() -> None:
+            nodes = [n for n, info in read_nodes().items() if info.alive and not info.draining]
+            load_plugin(START_REPORTERS)(self._settings.namespace, nodes,
+                                         replica.report_batch_interval_s)
+        await asyncio.to_thread(start)
+
     async def _on_nodes(self, changes: NodeChanges, nodes: Mapping[str, NodeInfo]) -> None:
         """The fleet follows the nodes: listeners on a node that joined, none kept for one
         that left; a draining node's listeners fail readiness and the shards move its
@@ -204,6 +223,7 @@ class Controller:
             await self._proxies.forget(list(changes.left))
         if changes.joined and self._config is not None:
             await self._proxies.ensure(self._config["http_options"])
+            await self._ensure_reporters(list(self._specs.values()))
         if changes.drains is not None:
             logger.info("draining nodes: %s", {n[:12]: d for n, d in changes.drains.items()})
             self._drains = dict(changes.drains)

@@ -89,9 +89,9 @@ async def call_replica(ref: Any, timeout_s: float | None) -> Any:
         raise ReplicaCallFailed(str(e)) from None
 
 
-def load_actor_class(path: str = REPLICA_ACTOR_CLASS) -> type:
-    """The replica actor class named ``module:Class`` (the control plane never imports
-    ``replicas/``: it starts the actor by name, as a plugin)."""
+def load_plugin(path: str = REPLICA_ACTOR_CLASS) -> Any:
+    """What ``module:name`` names: the replica actor class, the node reporters' starter
+    (the control plane never imports ``replicas/``: it uses them by name, as plugins)."""
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -105,7 +105,7 @@ START_PHASES = {"PENDING_CREATION": "waiting for Ray to place it",
 class RayReplicaClient:
     def __init__(self, namespace: str, actor_class: str = REPLICA_ACTOR_CLASS) -> None:
         self._namespace = namespace
-        self._actor_cls = ray.remote(load_actor_class(actor_class))
+        self._actor_cls = ray.remote(load_plugin(actor_class))
 
     def create(self, init: ReplicaInit, spec: DeploymentSpec) -> Any:
         options = dict(spec.ray_actor_options)

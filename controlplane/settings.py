@@ -102,3 +102,14 @@ REPORTER_PREFIX = "fleetplane_reporter_"
 
 def reporter_actor_name(node_id: str) -> str:
     return f"{REPORTER_PREFIX}{node_id}"
+
+
+def uses_reporter(batch_interval_s: float, report_interval_s: float,
+                  health_period_s: float) -> bool:
+    """Whether a replica's reports go through its node's reporter: batching is on and its
+    delay fits the freshness window. A push goes stale 1.5 periods after the previous one
+    arrived; through a reporter arrivals are up to one report interval plus one batch
+    interval apart, so batching is used only where that sum is at most one health period
+    (the stock 10 s period with 1 s reports and 1 s batches: yes; a 1 s period: no, those
+    replicas report directly)."""
+    return 0 < batch_interval_s and batch_interval_s + report_interval_s <= health_period_s

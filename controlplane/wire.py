@@ -4,7 +4,8 @@ Senders and receivers import their shapes from here and from nowhere else, so ne
 package reaches into the other's modules: ``replicas/`` depends on the control plane only
 through this module, the routing package and the kernel (``clock``, ``settings``,
 ``errors``); the control plane never imports ``replicas/`` (the shard starts the replica
-actor by its import path, ``REPLICA_ACTOR_CLASS``). ``tests/unit/test_layering.py``
+actor by its import path, ``REPLICA_ACTOR_CLASS``; the controller the node reporters by
+``START_REPORTERS``). ``tests/unit/test_layering.py``
 keeps it so.
 
 Every type is a frozen dataclass of plain values, so it pickles through Ray. A new field
@@ -33,6 +34,8 @@ from typing import Any
 # The replica actor the shard starts (``module:Class``), resolved when the shard's
 # replica client is built: the control plane names it and never imports it.
 REPLICA_ACTOR_CLASS = "replicas.replica:Replica"
+# What the controller calls to create node reporters (``module:function``), the same way.
+START_REPORTERS = "replicas.node_reporter:start_reporters"
 # builds a frozen dataclass without its __init__ (``ReplicaInit.for_replica``, ``ReplicaInfo.of``)
 _new_object = object.__new__
 

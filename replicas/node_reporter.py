@@ -3,10 +3,11 @@ reports of that node's replicas to their shards in batches (issue 13).
 
 A thin shell over ``report_batch.ReportBatcher``: replicas call ``report`` (a local call:
 the actor is pinned to their node), and every ``interval_s`` the reporter sends each shard
-that has rows one ``report_batch`` call. Replicas find or create it themselves
-(``reporter_for``: a detached named actor, created by whichever replica of the node asks
-first), so it needs no controller bookkeeping; the controller's ``shutdown`` removes the
-reporters of its namespace (by the name prefix, ``settings.REPORTER_PREFIX``).
+that has rows one ``report_batch`` call. It is a detached named actor (``reporter_for``),
+created by the controller before a deploy's replicas start and when a node joins
+(``start_reporters``), and by whichever replica of the node asks first if it is missing;
+it needs no controller bookkeeping; the controller's ``shutdown`` removes the reporters
+of its namespace (by the name prefix, ``settings.REPORTER_PREFIX``).
 
 Failure behaviour (what the replica does is in ``replicas.report_sender``):
 
@@ -25,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from controlplane.clock import Clock
 from controlplane.priority import take_control_priority
-from controlplane.settings import reporter_actor_name
+from controlplane.settings import reporter_actor_name, uses_reporter
 from controlplane.wire import Batch, DeploymentKey, ReplicaInit, ReportRow
 from replicas.report_batch import ReportBatcher
 from replicas.report_sender import ReportSender
@@ -112,22 +113,30 @@ def reporter_for(namespace: str, node_id: str, interval_s: float) -> Any:
     ).remote(namespace, interval_s)
 
 
+def start_reporters(namespace: str, node_ids: list[str], interval_s: float) -> None:
+    """Create the reporters of these nodes now (the controller, before a deploy's replicas
+    start and when a node joins), so that a reporter's worker does not wait behind a
+    scale-up's worker starts on its node (on this 2-core machine, 120 replica workers
+    delayed the lazily created reporter by more than a minute). Creation is asynchronous;
+    a node that has one keeps it; a failure here only leaves it to its replicas."""
+    for node_id in node_ids:
+        try:
+            reporter_for(namespace, node_id, interval_s)
+        except Exception as e:  # the replicas create it, or report directly
+            logger.warning("the node reporter of %s was not created: %r", node_id[:12], e)
+
+
 def report_sender(init: ReplicaInit, shard: Any, clock: Clock) -> ReportSender:
-    """A replica's sender: through its node's reporter, unless batching is off or its
-    delay does not fit the freshness window. A push goes stale 1.5 periods after the
-    previous one arrived; through a reporter arrivals are up to one report interval plus
-    one batch interval apart, so batching is used only where that sum is at most one
-    health period (the stock 10 s period with 1 s reports and 1 s batches: yes; a 1 s
-    period: no, those replicas report directly)."""
+    """A replica's sender: through its node's reporter (``uses_reporter``), or directly."""
     key = (init.app_name, init.deployment)
     interval_s = init.report_batch_interval_s
-    find = None
-    if 0 < interval_s and (interval_s + init.metrics_report_interval_s
-                           <= init.health_check_period_s):
+    find: Callable[[], Awaitable[Any]] | None = None
+    if uses_reporter(interval_s, init.metrics_report_interval_s, init.health_check_period_s):
         node_id = ray.get_runtime_context().get_node_id()
 
-        async def find() -> Any:
+        async def find_reporter() -> Any:
             return await asyncio.to_thread(reporter_for, init.namespace, node_id, interval_s)
+        find = find_reporter
     # A report through a running reporter; one still starting is waited for apart.
     timeout_s = max(5.0, 2 * init.metrics_report_interval_s)
     return ReportSender(shard, init.shard_name, key, clock, find, timeout_s)

@@ -7,7 +7,9 @@ import asyncio
 import pytest
 
 from controlplane.clock import FakeClock
+from controlplane.settings import uses_reporter
 from controlplane.wire import MetricReport, PushedHealth, report_row, row_report
+from replicas import node_reporter
 from replicas.report_batch import ReportBatcher
 from replicas.report_sender import (FIRST_WAIT_S, RETRY_REPORTER_S, START_TIMEOUT_S,
                                     ReportSender)
@@ -310,3 +312,26 @@ def test_an_autoscaled_batch_takes_steady_rows_and_a_row_with_bad_counts_not_at_
         assert state.health.registry.get(rid).checked_at == 3.0
         assert state._metrics.average_load(shard.clock.monotonic()) == 2.5  # (1 + 4) / 2
     run_virtual(FakeClock(), main)
+
+
+@pytest.mark.parametrize("batch_s, report_s, period_s, expected", [
+    (1.0, 1.0, 10.0, True),  # stock: through the node's reporter
+    (1.0, 1.0, 2.0, True),  # the delay is exactly one period: still fresh
+    (1.0, 1.0, 1.0, False),  # a 1 s period: a batch's delay would make pushes stale
+    (0.0, 1.0, 10.0, False),  # batching off
+])
+def test_a_replica_uses_its_node_reporter_only_where_the_delay_fits_one_period(
+        batch_s, report_s, period_s, expected):
+    assert uses_reporter(batch_s, report_s, period_s) is expected
+
+
+def test_reporters_are_created_on_every_node_and_one_failure_stops_none(monkeypatch):
+    created = []
+
+    def reporter_for(namespace, node_id, interval_s):
+        created.append((namespace, node_id, interval_s))
+        if node_id == "b":
+            raise RuntimeError("node b is gone")
+    monkeypatch.setattr(node_reporter, "reporter_for", reporter_for)
+    node_reporter.start_reporters("ns", ["a", "b", "c"], 1.0)
+    assert created == [("ns", "a", 1.0), ("ns", "b", 1.0), ("ns", "c", 1.0)]
