@@ -130,13 +130,14 @@ class Controller:
         num_shards = normalized["controller_options"]["num_shards"]
         specs = with_direct_ingress(specs, normalized["http_options"])
         await self._proxies.ensure(normalized["http_options"])  # raises: nothing changed
-        await self._ensure_reporters(specs)
         if checkpoint:
             # The built specs are checkpointed, not only the config: a restarted controller
             # resumes exactly what was deployed, without re-importing code edited since.
             internal_kv._internal_kv_put(self._settings.checkpoint_key,
                                          cloudpickle.dumps((normalized, specs)), overwrite=True)
         self._ensure_shards(num_shards)
+        # after the shards (their workers start first), before the replicas the push starts
+        await self._ensure_reporters(specs)
         self._specs = {s.id: s for s in specs}
         self._config = normalized
         self._generation += 1
