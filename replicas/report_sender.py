@@ -83,11 +83,13 @@ class ReportSender:
             return False
         try:
             self._reporter = await self._find_reporter()
-            self._starting = asyncio.ensure_future(self._reporter.ready.remote())
+            ready = getattr(self._reporter, "ready", None)  # an older reporter: none, used
+            self._starting = asyncio.ensure_future(ready.remote()) if ready else None
         except Exception as e:
             return self._failed(f"finding the node reporter failed: {e!r}")
-        self._start_by = self._clock.monotonic() + START_TIMEOUT_S
-        await asyncio.wait([self._starting], timeout=FIRST_WAIT_S)
+        if self._starting is not None:
+            self._start_by = self._clock.monotonic() + START_TIMEOUT_S
+            await asyncio.wait([self._starting], timeout=FIRST_WAIT_S)
         return True
 
     def _started(self) -> bool:

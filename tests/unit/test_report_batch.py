@@ -204,6 +204,27 @@ def test_a_starting_reporter_takes_reports_once_ready_and_none_waits_or_fails_me
     drive(main)
 
 
+def test_a_reporter_of_an_older_version_without_ready_is_used_at_once():
+    """A detached reporter left running by an older fleetplane has no ``ready``: it is
+    used as before, not taken for one that cannot start."""
+    async def main(clock):
+        class OldReporter:  # attribute access raises, as a Ray handle's does
+            report = Remote(answer=True)
+
+            def __getattr__(self, name):
+                raise AttributeError(name)
+        reporter = OldReporter()
+
+        async def find():
+            return reporter
+        s = ReportSender(FakeActor(report_metrics=Remote()), "s0", KEY, clock, find, 5.0)
+        t0 = clock.monotonic()
+        await s.send(report(at=1.0))
+        assert clock.monotonic() == t0  # nothing waited for
+        assert (s.via_node, s.direct, len(reporter.report.calls)) == (1, 0, 1)
+    drive(main)
+
+
 @pytest.mark.parametrize("ready, failed_after_s", [
     (Remote(hang=True), START_TIMEOUT_S),  # never answers: failed once the time is out
     (Remote(error=RuntimeError("no worker")), 0.0),  # raises: failed at once
