@@ -16,18 +16,22 @@ from controlplane.config import DeployConfig, config_to_dict
 from controlplane.controller import Controller
 from controlplane.errors import ControllerGone, ControllerUnavailable, NoInstance
 from controlplane.instance_record import write_record
+from controlplane.priority import embedded_worker_niceness
 from controlplane.settings import Settings
 
 
-def start_local_ray(num_cpus: int | None = None) -> None:
+def start_local_ray(num_cpus: int | None = None) -> str | None:
     """An embedded single-node Ray. Ray's own processes use this node's address (Ray
     resolves 127.0.0.1 to it on purpose); what fleetplane serves binds http_options.host,
-    127.0.0.1 by default."""
+    127.0.0.1 by default. Returns a line to show when its workers' niceness was chosen
+    for the control plane (``priority.embedded_worker_niceness``)."""
+    note = embedded_worker_niceness(os.environ)
     # address="local": always a new Ray, never the cluster a `ray start` on this machine
     # last recorded (/tmp/ray/ray_current_cluster outlives a node ended by SIGTERM)
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
              namespace=Settings().namespace, logging_level=logging.WARNING,
              configure_logging=True)
+    return note
 
 
 def connect(target: str) -> None:

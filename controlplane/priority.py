@@ -14,6 +14,11 @@ sent, and 56% of freshness deadlines were missed.
 it runs at and how to allow it. Replicas keep Ray's niceness: under contention, the
 processes that keep them healthy and route to them are served first, as the raylet is.
 
+A Ray this process starts itself (``fleetplane run``'s embedded one) where it may not
+(a laptop user, say): ``embedded_worker_niceness`` starts Ray's workers at niceness 0
+(``RAY_worker_niceness``), replicas included, instead of six control processes each
+logging that warning at nice 15; a value the user set is kept.
+
 Linux: niceness is per thread, and Ray's threads (gRPC, the core worker's I/O) exist
 before an actor's ``__init__`` runs, so each thread in ``/proc/self/task`` is moved;
 threads started later inherit it. Elsewhere the process's own niceness is set.
@@ -23,12 +28,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import resource
+from collections.abc import Callable, MutableMapping
 
 logger = logging.getLogger(__name__)
 
 CONTROL_NICENESS = 0
+WORKER_NICENESS_ENV = "RAY_worker_niceness"  # Ray's worker_niceness, read by the raylet
 _TASKS = "/proc/self/task"
+_STATUS = "/proc/self/status"
+_CAP_SYS_NICE = 23  # its bit in CapEff
 FIX = ("give the container CAP_SYS_NICE (Kubernetes: securityContext.capabilities.add: "
        "[SYS_NICE]), or start Ray with RAY_worker_niceness=0")
 
@@ -68,3 +77,49 @@ def take_control_priority(role: str, *, threads: Callable[[], list[int]] = _thre
     logger.info("%s: niceness %d -> %d (the raylet's), above the replicas' %d",
                 role, current, CONTROL_NICENESS, current)
     return CONTROL_NICENESS
+
+
+def may_take_control_priority(euid: Callable[[], int] = os.geteuid,
+                              nice_limit: Callable[[], int] | None = None,
+                              status: Callable[[], str] | None = None) -> bool:
+    """Whether a process of this user may move to ``CONTROL_NICENESS``: root, a
+    ``RLIMIT_NICE`` that reaches it (the limit is 20 - niceness), or ``CAP_SYS_NICE``."""
+    if euid() == 0:
+        return True
+    limit = (nice_limit or _nice_limit)()
+    if limit == resource.RLIM_INFINITY or limit >= 20 - CONTROL_NICENESS:
+        return True
+    for line in (status or _status)().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> _CAP_SYS_NICE & 1)
+    return False
+
+
+def embedded_worker_niceness(environ: MutableMapping[str, str],
+                             may: Callable[[], bool] = may_take_control_priority
+                             ) -> str | None:
+    """Before this process starts its own Ray: where its control processes could not
+    leave Ray's worker niceness, have Ray start every worker at ``CONTROL_NICENESS``
+    (``environ[WORKER_NICENESS_ENV]``) and return the line that says so; None when they
+    can, or when the user chose a niceness."""
+    if WORKER_NICENESS_ENV in environ or may():
+        return None
+    environ[WORKER_NICENESS_ENV] = str(CONTROL_NICENESS)
+    return (f"CPU priority: this user may not raise the control plane's (root or "
+            f"CAP_SYS_NICE may), so Ray's workers start at niceness {CONTROL_NICENESS}, "
+            f"replicas included ({WORKER_NICENESS_ENV}={CONTROL_NICENESS}; set it to choose)")
+
+
+def _nice_limit() -> int:
+    try:
+        return resource.getrlimit(resource.RLIMIT_NICE)[0]
+    except (AttributeError, ValueError, OSError):  # not Linux
+        return 0
+
+
+def _status() -> str:
+    try:
+        with open(_STATUS) as f:
+            return f.read()
+    except OSError:
+        return ""

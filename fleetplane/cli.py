@@ -123,10 +123,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from controlplane.instance import Client, connect, record_instance, start_local_ray
 
     start = time.monotonic()
+    note = None
     if target:
         connect(target)
     else:
-        start_local_ray()
+        note = start_local_ray()
     # After ray.init, which installs a SIGTERM handler of its own that exits at once:
     # SIGTERM must drain like Ctrl-C does. SIGINT is installed too: a shell starts a
     # script's background job with SIGINT ignored, and Ctrl-C must work there as well.
@@ -135,6 +136,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signum, _interrupt)
     record_instance()
     _say(start, f"Ray ready ({'joined ' + args.address if args.address else 'embedded, local'})")
+    if note:
+        _say(start, note)
     if not args.address:  # what this machine now exposes (README: "What to protect")
         from controlplane.admin_surface import auth_line, cluster_token_auth_on
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 
-from controlplane.priority import CONTROL_NICENESS, FIX, take_control_priority
+from controlplane.priority import (CONTROL_NICENESS, FIX, WORKER_NICENESS_ENV,
+                                   embedded_worker_niceness, may_take_control_priority,
+                                   take_control_priority)
 
 
 class Threads:
@@ -69,3 +72,30 @@ def test_no_priorities_at_all_is_not_an_error():
     def get(which: int, who: int) -> int:
         raise OSError(38, "Function not implemented")
     assert take_control_priority("proxy", getpriority=get) == CONTROL_NICENESS
+
+
+NO_CAPS = "Name:\tpython\nCapEff:\t0000000000000000\n"
+SYS_NICE = "Name:\tpython\nCapEff:\t0000000000800000\n"  # bit 23
+
+
+def test_who_may_take_the_control_priority():
+    def may(euid: int, limit: int, status: str) -> bool:
+        return may_take_control_priority(lambda: euid, lambda: limit, lambda: status)
+    assert may(0, 0, NO_CAPS)  # root
+    assert may(1000, 20, NO_CAPS)  # RLIMIT_NICE 20 reaches niceness 0
+    assert may(1000, resource.RLIM_INFINITY, NO_CAPS)
+    assert may(1000, 0, SYS_NICE)
+    assert not may(1000, 19, NO_CAPS)  # reaches niceness 1 only
+    assert not may(1000, 0, "")  # no /proc: no capability known
+
+
+def test_an_embedded_ray_starts_its_workers_at_control_niceness_only_where_needed():
+    environ: dict[str, str] = {}
+    note = embedded_worker_niceness(environ, may=lambda: False)
+    assert environ == {WORKER_NICENESS_ENV: str(CONTROL_NICENESS)}
+    assert f"{WORKER_NICENESS_ENV}={CONTROL_NICENESS}" in note
+    allowed: dict[str, str] = {}
+    assert embedded_worker_niceness(allowed, may=lambda: True) is None and allowed == {}
+    chosen = {WORKER_NICENESS_ENV: "5"}  # the user's choice stands
+    assert embedded_worker_niceness(chosen, may=lambda: False) is None
+    assert chosen == {WORKER_NICENESS_ENV: "5"}
