@@ -213,7 +213,10 @@ class Controller:
             nodes = [n for n, info in read_nodes().items() if info.alive and not info.draining]
             load_plugin(START_REPORTERS)(self._settings.namespace, nodes,
                                          replica.report_batch_interval_s)
-        await asyncio.to_thread(start)
+        try:  # never fails a deploy midway: replicas make a missing reporter themselves
+            await asyncio.to_thread(start)
+        except Exception as e:
+            logger.warning("node reporters were not created ahead of the replicas: %r", e)
 
     async def _on_nodes(self, changes: NodeChanges, nodes: Mapping[str, NodeInfo]) -> None:
         """The fleet follows the nodes: listeners on a node that joined, none kept for one
