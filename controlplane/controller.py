@@ -32,15 +32,15 @@ import ray.cloudpickle as cloudpickle
 from ray.exceptions import RayActorError
 from ray.experimental import internal_kv
 
-from controlplane.config import config_to_dict, ignored_fields, parse_deploy_config
-from controlplane.builds import build_all
+from controlplane.config.schema import config_to_dict, ignored_fields, parse_deploy_config
+from controlplane.usercode.build_workers import build_all
 from controlplane.capacity import node_resources, shortfall
 from controlplane.errors import DeployRejected
-from controlplane.health.health_stats import merge_all
+from controlplane.health.stats import merge_all
 from controlplane.long_poll import LongPollHost
 from controlplane.nodes import NodeChanges, NodeInfo, NodeWatch, node_rows, read_nodes
 from controlplane.priority import take_control_priority
-from controlplane.proxy_fleet import ProxyFleet
+from controlplane.ingress.proxy_fleet import ProxyFleet
 from controlplane.replica_client import load_plugin
 from controlplane.settings import REPORTER_PREFIX, Settings, shard_actor_name, uses_reporter
 from controlplane.shard import ControllerShard

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayTaskError
 
-from controlplane.config import DeployConfig, config_to_dict
+from controlplane.config.schema import DeployConfig, config_to_dict
 from controlplane.controller import Controller
 from controlplane.errors import ControllerGone, ControllerUnavailable, NoInstance
 from controlplane.instance_record import write_record

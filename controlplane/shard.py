@@ -21,14 +21,14 @@ import time
 from typing import Any, Callable, Coroutine
 
 from controlplane.clock import Clock, SystemClock
-from controlplane.deployment_state import DeploymentState
-from controlplane.haproxy.deregister import IngressDeregistrar
-from controlplane.health.health_stats import HealthTotals
+from controlplane.deployment.state import DeploymentState
+from controlplane.ingress.haproxy.deregister import IngressDeregistrar
+from controlplane.health.stats import HealthTotals
 from controlplane.long_poll import LongPollHost
 from controlplane.plan_freeze import NoFreeze, PlanFreeze
 from controlplane.priority import take_control_priority
 from controlplane.replica_client import RayReplicaClient, ReplicaClient
-from controlplane.replica_ops import ReplicaOps
+from controlplane.deployment.replica_ops import ReplicaOps
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from controlplane.health.health_stats import merge_all
+from controlplane.health.stats import merge_all
 
 
 def app_status(dep_statuses: list[str]) -> str:

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from controlplane.config import ignored_fields, load_deploy_config
+from controlplane.config.schema import ignored_fields, load_deploy_config
 from controlplane.errors import ControllerGone, NoInstance
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from fleetplane.cli_cluster import add_cluster_parser, cmd_start_local_cluster
@@ -299,7 +299,7 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     checked = load_deploy_config(args.config, log_ignored=False)  # invalid: exit 2
     for warning in ignored_fields(checked):  # stderr: stdout is the manifest
         print(f"warning: {warning}", file=sys.stderr)
-    from controlplane.config_yaml import read_yaml_file
+    from controlplane.config.yaml_file import read_yaml_file
 
     cfg = read_yaml_file(args.config)  # the user's own file, not its normalized form
     print(k8s.render_yaml(k8s.render(cfg, args.name, args.image or k8s.RAY_IMAGE,

@@ -40,7 +40,7 @@ from controlplane.settings import Settings, shard_actor_name
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOP_FRAMES = 15
-PROXY_PREFIX = "fleetplane_proxy::"  # controlplane.proxy_fleet.proxy_actor_name
+PROXY_PREFIX = "fleetplane_proxy::"  # controlplane.ingress.proxy_fleet.proxy_actor_name
 REPLICA_PREFIX = "fleetplane_replica::"  # controlplane.replica_client.replica_actor_name
 PERMISSION_HINT = (
     "py-spy may not read process {pid} (permission denied): it needs ptrace. In a container "

@@ -119,7 +119,7 @@ class Fleet:
         self.replicas, self.version, self.extra = 4, 1, False
 
     def deploy(self) -> None:
-        from controlplane.config import parse_deploy_config
+        from controlplane.config.schema import parse_deploy_config
 
         deps = [{"name": DEPLOYMENT, "num_replicas": self.replicas, "max_ongoing_requests": 32,
                  "health_check_period_s": 1.0, "graceful_shutdown_timeout_s": 10.0,

@@ -42,9 +42,9 @@ import pyarrow.parquet as pq
 import ray
 import requests
 
-from controlplane.config import parse_deploy_config
+from controlplane.config.schema import parse_deploy_config
 from controlplane.instance import Client, start_local_ray
-from controlplane.proxy_fleet import proxy_actor_name
+from controlplane.ingress.proxy_fleet import proxy_actor_name
 from release_tests.machine import describe, describe_line
 from tests import abuse_clients as abuse
 

@@ -82,7 +82,7 @@ class LocalNodes:
 
 
 def _deploy(client, http_port: int, ingress: str) -> None:
-    from controlplane.config import parse_deploy_config
+    from controlplane.config.schema import parse_deploy_config
 
     dep = {"name": "DrainModel", "num_replicas": 2, "max_ongoing_requests": 32,
            "health_check_period_s": 1.0, "graceful_shutdown_timeout_s": 5.0,

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from controlplane.clock import FakeClock
-from controlplane.demand_board import DemandBoard
+from controlplane.deployment.demand_board import DemandBoard
 from controlplane.errors import BackpressureError
-from controlplane.lifecycle import ReplicaState
+from controlplane.deployment.lifecycle import ReplicaState
 from controlplane.routing.router import Router
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.subscriber import DEMAND_REPORT_S

@@ -38,7 +38,7 @@ from typing import Any, Callable
 import psutil
 
 from controlplane.clock import FakeClock
-from controlplane.lifecycle import ReplicaState
+from controlplane.deployment.lifecycle import ReplicaState
 from controlplane.plan_freeze import PlanFreeze
 from controlplane.replica_client import ReplicaDied
 from controlplane.settings import Settings, ShardSettings

@@ -21,7 +21,7 @@ import ray
 import requests
 from ray import serve
 
-from controlplane.config import parse_deploy_config
+from controlplane.config.schema import parse_deploy_config
 from controlplane.instance import Client
 from release_tests.machine import describe_line
 from tests.integration import serve_compat_apps as apps

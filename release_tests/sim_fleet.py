@@ -36,8 +36,8 @@ from typing import Any
 import ray
 
 from controlplane.clock import SystemClock
-from controlplane.health.health_gate import stale_after_s
-from controlplane.lifecycle import SERVING_STATES
+from controlplane.health.gate import stale_after_s
+from controlplane.deployment.lifecycle import SERVING_STATES
 from controlplane.plan_freeze import PlanFreeze
 from controlplane.priority import take_control_priority
 from controlplane.replica_client import ReplicaCallFailed, ReplicaDied, call_replica

@@ -2,7 +2,7 @@
 
 Owns: the ``GateState`` of each watched replica, the deadline queue of replica visits,
 and the wiring of the push registry, the stall guard and the pure rules of
-``health_gate``. The deployment shell feeds it pushes and probe results and carries out
+``gate``. The deployment shell feeds it pushes and probe results and carries out
 the actions it returns (``ProbeReplica``, ``ApplyHealth``, ``ReplaceUnhealthy``,
 ``ReplicaCrashed``). The health rules decide here, not in the shell: a replica whose
 consecutive failures reach ``unhealthy_threshold`` is replaced, and the deployment is
@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controlplane.health.deadline_wheel import DeadlineQueue
-from controlplane.health.health_gate import (Apply, Defer, GateState, ProbeOutcome, StartProbe,
+from controlplane.health.gate import (Apply, Defer, GateState, ProbeOutcome, StartProbe,
                                              UsePush, Wait, consume_push, decide, push_is_stale,
                                              resolve_probe, stale_after_s, start_probe)
-from controlplane.health.health_stats import HealthTotals
+from controlplane.health.stats import HealthTotals
 from controlplane.health.push_registry import HealthPushRegistry
 from controlplane.health.stall_guard import STOCK_HEALTH_CHECK_PERIOD_S, StallGuard
 from controlplane.wire import PushedHealth

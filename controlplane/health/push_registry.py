@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.health.health_stats import _FOLD_AT, HealthTotals
+from controlplane.health.stats import _FOLD_AT, HealthTotals
 from controlplane.wire import PushedHealth
 
 # Seed 000 review fix: "Registry pruning is rate-limited to once per 30s".

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 
-from controlplane.health.health_stats import HealthTotals
+from controlplane.health.stats import HealthTotals
 from controlplane.specs import DEPLOYMENT_DEFAULTS
 
 # Seed 000: "If >=50% of >=64 tracked replicas are stale in one sweep, the sweep defers

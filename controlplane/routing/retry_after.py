@@ -239,7 +239,7 @@ def arrival_aware_retry_after_s(queue_depth: int, drain: DrainRateEstimator,
     return schedule.book(now, earliest, room)
 
 
-# ---- issue 14: cluster_informed (the totals: ``controlplane.demand_board``) -----------
+# ---- issue 14: cluster_informed (the totals: ``controlplane.deployment.demand_board``) -----------
 FRESH_FOR_S = 5.0  # a router trusts a published total this long, then its own figures
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import pytest
 import ray
 
-from controlplane.config import parse_deploy_config
+from controlplane.config.schema import parse_deploy_config
 from controlplane.instance import Client, start_local_ray
 from controlplane.settings import Settings
 from tests import ray_session

@@ -15,8 +15,8 @@ from typing import Callable
 import pytest
 import requests
 
-from controlplane.config import parse_deploy_config
-from controlplane.haproxy import membership
+from controlplane.config.schema import parse_deploy_config
+from controlplane.ingress.haproxy import membership
 from tests.integration.conftest import (app, call, dep_status, own_fleet, port_of, settled,
                                         wait_for)
 from tests.integration.test_self_healing import Load
@@ -117,9 +117,9 @@ def test_a_stream_survives_a_reload_and_a_scale_down_under_load(haproxy):
     """A reload (a new route) keeps the old worker for an open stream; replicas leaving
     meanwhile cost no request, and the stream completes. The old worker refuses runtime
     commands in HAProxy 2.8 ("Proxy is disabled"); it takes no new request either."""
-    from controlplane.haproxy.config import Paths
-    from controlplane.haproxy.ingress import runtime_dir
-    from controlplane.haproxy.process import HAProxyProcess
+    from controlplane.ingress.haproxy.config import Paths
+    from controlplane.ingress.haproxy.ingress import runtime_dir
+    from controlplane.ingress.haproxy.process import HAProxyProcess
 
     extra = app("extra", f"{APPS}:Model", deployments=[{"name": "Model"}])
     [node] = haproxy.status()["controller"]["haproxy"]
@@ -144,7 +144,7 @@ def test_a_port_another_haproxy_shares_is_refused_and_nothing_runs(fleet):
     """HAProxy listens with SO_REUSEPORT, so a stale one would silently share the port:
     the node's manager checks the port is free first, and the deploy is refused."""
     from controlplane.errors import DeployRejected
-    from controlplane.proxy import listen_socket
+    from controlplane.ingress.proxy import listen_socket
 
     with own_fleet("fleetplane_haproxy_busy") as client:
         held = listen_socket("127.0.0.1", port_of(client), exclusive=True)  # SO_REUSEPORT

@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from controlplane.config import parse_deploy_config
+from controlplane.config.schema import parse_deploy_config
 from controlplane.errors import BuildError
 from tests.integration.conftest import app, dep_status, own_fleet, port_of, wait_for
 from tests.integration.test_self_healing import Load

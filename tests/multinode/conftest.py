@@ -18,7 +18,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from controlplane.config import parse_deploy_config
+from controlplane.config.schema import parse_deploy_config
 from controlplane.instance import Client
 from controlplane.settings import Settings
 from tests import ray_session

@@ -6,9 +6,9 @@ import pickle
 
 import pytest
 
-from controlplane.autoscaling import (AutoscalingPolicy, MetricWindow, ScalingState, decide,
+from controlplane.deployment.autoscaling import (AutoscalingPolicy, MetricWindow, ScalingState, decide,
                                       initial_target)
-from controlplane.config import AutoscalingConfig
+from controlplane.config.schema import AutoscalingConfig
 from controlplane.wire import MetricReport, PushedHealth
 
 T0 = 1000.0

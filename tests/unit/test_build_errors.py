@@ -13,9 +13,9 @@ import textwrap
 
 import pytest
 
-from controlplane.config import config_to_dict, parse_deploy_config
+from controlplane.config.schema import config_to_dict, parse_deploy_config
 from controlplane.errors import BuildError, BuildErrors
-from controlplane.user_code import build_application
+from controlplane.usercode.build import build_application
 
 APPS = "tests.unit.sample_apps"
 

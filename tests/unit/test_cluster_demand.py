@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from controlplane.demand_board import EMPTY, PUBLISH_INTERVAL_S, REPORT_TTL_S, DemandBoard
-from controlplane.lifecycle import ReplicaState
-from controlplane.replica_set import ReplicaRecord, ReplicaSet
+from controlplane.deployment.demand_board import EMPTY, PUBLISH_INTERVAL_S, REPORT_TTL_S, DemandBoard
+from controlplane.deployment.lifecycle import ReplicaState
+from controlplane.deployment.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.routing.retry_after import RetrySchedule, retry_after_s
 from controlplane.wire import (ClusterDemand, ReplicaInfo, RouterDemand, RoutingDelta,
                                RoutingUpdate, apply_routing_delta)

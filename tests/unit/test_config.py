@@ -7,7 +7,7 @@ import pickle
 import pytest
 from pydantic import ValidationError
 
-from controlplane.config import (AutoscalingConfig, DeployConfig, DeploymentConfig, RayActorOptions,
+from controlplane.config.schema import (AutoscalingConfig, DeployConfig, DeploymentConfig, RayActorOptions,
                                  check_deployment_options, config_to_dict, load_deploy_config,
                                  parse_deploy_config)
 from controlplane.errors import ConfigError
@@ -311,7 +311,7 @@ def test_checked_options_apply_the_cross_field_checks():
 
 
 def test_upstream_name_of_the_drain_rate_policy_is_accepted_and_means_the_same():
-    from controlplane.config import BackpressureConfig
+    from controlplane.config.schema import BackpressureConfig
 
     assert BackpressureConfig(retry_after_policy="queue_drain_rate").retry_after_policy == \
         "router_queue_drain_rate"
@@ -322,7 +322,7 @@ def test_upstream_name_of_the_drain_rate_policy_is_accepted_and_means_the_same()
                                         ({"retry_after_s": float("nan")}, "retry_after_s"),
                                         ({"retry_after_s": float("inf")}, "retry_after_s")])
 def test_bad_backpressure_values_are_errors_naming_the_field(bad, field):
-    from controlplane.config import BackpressureConfig
+    from controlplane.config.schema import BackpressureConfig
 
     with pytest.raises(ValidationError, match=field):
         BackpressureConfig(**bad)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.config import config_to_dict, parse_deploy_config
-from controlplane.config_bounds import (MAX_MEMORY_BYTES, MAX_REPLICAS, MAX_USER_CONFIG_BYTES,
+from controlplane.config.schema import config_to_dict, parse_deploy_config
+from controlplane.config.bounds import (MAX_MEMORY_BYTES, MAX_REPLICAS, MAX_USER_CONFIG_BYTES,
                                         route_prefix_problem)
 from controlplane.errors import BuildError, ConfigError
-from controlplane.user_code import build_application
+from controlplane.usercode.build import build_application
 
 DEPLOYMENT = "applications[0].deployments[0]"
 
@@ -264,7 +264,7 @@ def test_a_number_written_as_text_gets_a_hint(text, hint):
 
 
 def test_a_yaml_exponent_without_a_point_is_a_number_and_out_of_range(tmp_path):
-    from controlplane.config import load_deploy_config
+    from controlplane.config.schema import load_deploy_config
 
     path = tmp_path / "deploy.yaml"
     for text in ("1e-09", "1.0e-09"):

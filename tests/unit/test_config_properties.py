@@ -22,8 +22,8 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from controlplane import config_bounds as bounds
-from controlplane.config import (DeployConfig, check_deployment_options, config_to_dict,
+from controlplane.config import bounds
+from controlplane.config.schema import (DeployConfig, check_deployment_options, config_to_dict,
                                  load_deploy_config, parse_deploy_config)
 from controlplane.errors import ConfigError
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.config import load_deploy_config
-from controlplane.config_yaml import MAX_CONFIG_BYTES, read_yaml_file
+from controlplane.config.schema import load_deploy_config
+from controlplane.config.yaml_file import MAX_CONFIG_BYTES, read_yaml_file
 from controlplane.errors import ConfigError
 
 GOOD = """

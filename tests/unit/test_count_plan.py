@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from controlplane import reconcile
-from controlplane.deployment_state import DeploymentState
-from controlplane.lifecycle import ReplicaState
-from controlplane.replica_set import ReplicaRecord
+from controlplane.deployment import reconcile
+from controlplane.deployment.state import DeploymentState
+from controlplane.deployment.lifecycle import ReplicaState
+from controlplane.deployment.replica_set import ReplicaRecord
 from controlplane.settings import ShardSettings
 from tests.unit.shard_harness import make_spec
 

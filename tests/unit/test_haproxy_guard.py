@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from controlplane.haproxy.guard import alive, watch
+from controlplane.ingress.haproxy.guard import alive, watch
 
 
 def sleeper(seconds: float) -> subprocess.Popen:

@@ -7,8 +7,8 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.haproxy.membership import backend_name
-from controlplane.haproxy.metrics import IngressMetrics
+from controlplane.ingress.haproxy.membership import backend_name
+from controlplane.ingress.haproxy.metrics import IngressMetrics
 
 EXPORTER = b"# TYPE haproxy_process_uptime_seconds gauge\nhaproxy_process_uptime_seconds 42\n"
 

@@ -11,9 +11,9 @@ import time
 import requests
 import uvicorn
 
-from controlplane.haproxy import membership
-from controlplane.haproxy.config import Paths, render
-from controlplane.haproxy.process import HAProxyProcess
+from controlplane.ingress.haproxy import membership
+from controlplane.ingress.haproxy.config import Paths, render
+from controlplane.ingress.haproxy.process import HAProxyProcess
 
 LINES = 60  # a 3 s stream
 

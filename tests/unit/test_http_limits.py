@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from controlplane.config import ConfigError, HTTPOptions, parse_deploy_config
-from controlplane.proxy import ProxyApp
-from controlplane.proxy_metrics import ProxyMetrics
+from controlplane.config.schema import ConfigError, HTTPOptions, parse_deploy_config
+from controlplane.ingress.proxy import ProxyApp
+from controlplane.ingress.proxy_metrics import ProxyMetrics
 from controlplane.routing.http_limits import BodyTooLarge, read_body, refuse_body
 from controlplane.wire import HTTPLimits, RoutesUpdate
 

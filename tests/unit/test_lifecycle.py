@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from controlplane.lifecycle import (
+from controlplane.deployment.lifecycle import (
     ACTIVE_STATES,
     SERVING_STATES,
     TRANSITIONS,

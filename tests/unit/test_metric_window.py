@@ -1,7 +1,7 @@
 """MetricWindow's running total against a recount, and the work it does (counted, not timed).
 
 The window keeps each replica's load sum and the sum of the counted replicas' means up to
-date per report and per expiry (``controlplane.autoscaling``). Here random sequences of
+date per report and per expiry (``controlplane.deployment.autoscaling``). Here random sequences of
 reports, queries and membership changes are checked against references written for
 clarity, not speed: the definition itself for the shard's case (one monotonic clock), and
 a model of the held samples for reports and queries out of time order. Then the work: a
@@ -19,9 +19,9 @@ from fractions import Fraction
 
 import pytest
 
-from controlplane.autoscaling import MetricWindow
-from controlplane.config import AutoscalingConfig
-from controlplane.replica_set import ReplicaSet
+from controlplane.deployment.autoscaling import MetricWindow
+from controlplane.config.schema import AutoscalingConfig
+from controlplane.deployment.replica_set import ReplicaSet
 from controlplane.specs import DeploymentSpec
 from controlplane.wire import MetricReport, PushedHealth
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
@@ -369,7 +369,7 @@ async def steady_autoscaled_work(n: int, reporters: int = 4) -> tuple[int, int, 
     ids = sorted(r["replica_id"] for r in shard.replicas())[:reporters]
     state = shard.core.deployment(DEP)
     recomputes = state.replicas.memo_recomputes
-    files = ("controlplane/autoscaling.py", "controlplane/metric_window.py")
+    files = ("controlplane/deployment/autoscaling.py", "controlplane/deployment/metric_window.py")
     walks = (ReplicaSet.records, ReplicaSet.ids_in)
     tick_calls = ingest_calls = walked = 0
     for _ in range(30):

@@ -15,8 +15,8 @@ import random
 
 import pytest
 
-from controlplane.autoscaling import MetricWindow
-from controlplane.config import AutoscalingConfig
+from controlplane.deployment.autoscaling import MetricWindow
+from controlplane.config.schema import AutoscalingConfig
 from controlplane.wire import MetricReport, PushedHealth, report_row
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
 from tests.unit.test_metric_window import (as_float, churn_history,
@@ -160,7 +160,7 @@ async def batched_autoscaled_work(n: int, reporters: int) -> tuple[int, int, int
     await shard.deploy(make_spec(n, autoscaling_config=auto), ticks=4)
     state = shard.core.deployment(DEP)
     ids = sorted(r["replica_id"] for r in shard.replicas())[:reporters]
-    files = ("controlplane/autoscaling.py", "controlplane/metric_window.py")
+    files = ("controlplane/deployment/autoscaling.py", "controlplane/deployment/metric_window.py")
     calls = shares = 0
     for t in range(30):
         shard.clock.advance(0.1)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import math
 
-from controlplane.lifecycle import ReplicaState
+from controlplane.deployment.lifecycle import ReplicaState
 from controlplane.nodes import NodeChanges, NodeInfo, NodeWatch, changes, node_rows
-from controlplane.reconcile import StartReplica, StopReplica, plan
+from controlplane.deployment.reconcile import StartReplica, StopReplica, plan
 from tests.unit.shard_harness import Shard, make_spec, run
 from tests.unit.test_reconcile import running, snap, view
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from controlplane.proxy import listen_socket
+from controlplane.ingress.proxy import listen_socket
 
 
 def free_port() -> int:
@@ -53,8 +53,8 @@ def test_a_proxy_on_a_draining_node_fails_readiness_not_liveness():
     proxy keeps routing (a route table it holds is still used)."""
     import asyncio
 
-    from controlplane.proxy import ProxyApp
-    from controlplane.proxy_metrics import ProxyMetrics
+    from controlplane.ingress.proxy import ProxyApp
+    from controlplane.ingress.proxy_metrics import ProxyMetrics
     from controlplane.wire import RoutesUpdate
 
     async def get(app, path):

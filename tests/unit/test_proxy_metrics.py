@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.proxy_metrics import ProxyMetrics
+from controlplane.ingress.proxy_metrics import ProxyMetrics
 from controlplane.routing.subscriber import SubscriberStatistics
 
 

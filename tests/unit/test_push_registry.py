@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from controlplane.health.health_stats import (HealthStatistics, HealthTotals, IntervalWindows,
+from controlplane.health.stats import (HealthStatistics, HealthTotals, IntervalWindows,
                                               merge_all)
 from controlplane.health.push_registry import PRUNE_INTERVAL_S, HealthPushRegistry
 from controlplane.wire import PushedHealth
@@ -180,8 +180,8 @@ def test_statistics_merge_across_shards_and_serialize():
 def test_buffered_intervals_land_in_the_buckets_one_by_one_bucketing_gives():
     import random
 
-    from controlplane.health import health_stats
-    from controlplane.health.health_stats import IntervalWindows
+    from controlplane.health import stats as health_stats
+    from controlplane.health.stats import IntervalWindows
 
     rng = random.Random(5)
     values = [rng.choice([0.0, 0.001, 0.0005, 1e-9, 2 ** rng.randrange(-12, 14) / 1000,
@@ -202,7 +202,7 @@ def test_the_steady_path_records_intervals_as_the_windows_themselves_do():
     # and folds, what it leaves must be what ``IntervalWindows.record`` would
     import random
 
-    from controlplane.health.health_stats import _FOLD_AT
+    from controlplane.health.stats import _FOLD_AT
     rng = random.Random(13)
     fast_totals, slow = HealthTotals(), IntervalWindows()
     registry = HealthPushRegistry(fast_totals)

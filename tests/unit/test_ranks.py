@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from controlplane.clock import FakeClock
-from controlplane.lifecycle import ReplicaEvent, ReplicaState
-from controlplane.ranks import (
+from controlplane.deployment.lifecycle import ReplicaEvent, ReplicaState
+from controlplane.deployment.ranks import (
     NO_RANK,
     RankConsistencyGate,
     RankError,
@@ -17,7 +17,7 @@ from controlplane.ranks import (
     RankMove,
     run_consistency_pass,
 )
-from controlplane.replica_set import ReplicaRecord, ReplicaSet
+from controlplane.deployment.replica_set import ReplicaRecord, ReplicaSet
 
 S = ReplicaState
 E = ReplicaEvent
@@ -249,7 +249,7 @@ def test_pass_error_is_logged_once_backed_off_then_retried(caplog):
     gate = RankConsistencyGate(retry_after_error_s=30.0)
     manager, replicas = FailingRankManager(), running("a")
     manager.failing = True
-    with caplog.at_level(logging.ERROR, logger="controlplane.ranks"):
+    with caplog.at_level(logging.ERROR, logger="controlplane.deployment.ranks"):
         for tick in range(30):  # ticks at 0..29 s: one pass, one log line
             assert run_consistency_pass(gate, manager, replicas, now=float(tick)) == []
     assert manager.compact_calls == 1

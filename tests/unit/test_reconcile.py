@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from controlplane.lifecycle import ReplicaState
-from controlplane.reconcile import (
+from controlplane.deployment.lifecycle import ReplicaState
+from controlplane.deployment.reconcile import (
     DeploymentSnapshot,
     ReconfigureReplica,
     ReplicaView,

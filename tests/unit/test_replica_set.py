@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.lifecycle import IllegalTransition, ReplicaEvent, ReplicaState
-from controlplane.replica_set import ReplicaRecord, ReplicaSet
+from controlplane.deployment.lifecycle import IllegalTransition, ReplicaEvent, ReplicaState
+from controlplane.deployment.replica_set import ReplicaRecord, ReplicaSet
 
 S = ReplicaState
 E = ReplicaEvent
@@ -229,7 +229,7 @@ def test_serving_fingerprint_moves_with_the_serving_set_only():
 
 
 def test_routing_sends_deltas_of_the_serving_set_and_nothing_for_starts_and_stops():
-    from controlplane.deployment_routing import DeploymentRouting
+    from controlplane.deployment.routing import DeploymentRouting
     from controlplane.wire import RoutingDelta
     from tests.unit.shard_harness import make_spec
 
@@ -253,7 +253,7 @@ def test_routing_sends_deltas_of_the_serving_set_and_nothing_for_starts_and_stop
 def test_deltas_applied_in_order_equal_the_whole_update_after_random_churn():
     import random
 
-    from controlplane.deployment_routing import DeploymentRouting
+    from controlplane.deployment.routing import DeploymentRouting
     from controlplane.wire import RoutingDelta, apply_routing_delta
     from tests.unit.shard_harness import make_spec
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from controlplane.clock import FakeClock
-from controlplane.demand_board import DemandBoard
+from controlplane.deployment.demand_board import DemandBoard
 from controlplane.wire import RouterDemand
 from release_tests.retry_after_eval import goal_lines, policy_rows
 from release_tests.retry_after_http import Run, measures

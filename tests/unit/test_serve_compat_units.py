@@ -223,7 +223,7 @@ def test_importing_fleetplane_loads_neither_ray_nor_serve() -> None:
 
 def test_an_ingress_whose_app_fails_to_import_is_a_build_error_naming_the_app() -> None:
     from controlplane.errors import BuildError
-    from controlplane.user_code import build_application
+    from controlplane.usercode.build import build_application
 
     try:
         build_application({"name": "shop", "import_path": "tests.unit.broken_ingress_app:app"})

@@ -19,11 +19,11 @@ import ray.cloudpickle as cloudpickle
 import yaml
 
 from controlplane import controller as controller_module
-from controlplane.config import (DeploymentConfig, config_to_dict, ignored_fields,
+from controlplane.config.schema import (DeploymentConfig, config_to_dict, ignored_fields,
                                  load_deploy_config, parse_deploy_config)
-from controlplane.config_serve_compat import AUTO_AUTOSCALING
+from controlplane.config.serve_compat import AUTO_AUTOSCALING
 from controlplane.errors import BuildError, ConfigError
-from controlplane.user_code import build_application, build_with_warnings
+from controlplane.usercode.build import build_application, build_with_warnings
 
 APPS = "tests.unit.serve_shape_apps"
 SAMPLES = "tests.unit.sample_apps"
@@ -161,7 +161,7 @@ def test_values_that_ask_for_what_fleetplane_does_are_not_reported():
 
 def test_parse_logs_each_field_not_acted_on_unless_told_not_to(caplog):
     data = with_deployment(max_replicas_per_node=2)
-    with caplog.at_level(logging.WARNING, logger="controlplane.config"):
+    with caplog.at_level(logging.WARNING, logger="controlplane.config.schema"):
         parse_deploy_config(data, source="x.yaml")
         parse_deploy_config(data, source="quiet.yaml", log_ignored=False)
     assert [r.getMessage() for r in caplog.records] == [
@@ -299,7 +299,7 @@ def test_args_for_a_built_application_are_refused_as_serve_does():
 # ---- options set in code ------------------------------------------------------------------
 
 def test_code_options_fleetplane_does_not_implement_are_reported(caplog):
-    with caplog.at_level(logging.WARNING, logger="controlplane.user_code"):
+    with caplog.at_level(logging.WARNING, logger="controlplane.usercode.build"):
         [spec], warnings = build_with_warnings(app_config(f"{APPS}:unimplemented_options_app"))
     assert spec.max_ongoing_requests == 3  # what fleetplane implements still applies
     assert warnings == [f"application 'app', deployment 'Model': {option} set in code is {NOTE}"

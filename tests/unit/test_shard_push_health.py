@@ -1,6 +1,6 @@
 """Push health through the shard: ShardCore + DeploymentState + ReplicaOps on fakes.
 
-The pure rules are tested in test_health_gate.py / test_stall_guard.py; here the shell is
+The pure rules are tested in test_gate.py / test_stall_guard.py; here the shell is
 checked end to end on a FakeClock: pushes arrive through ``report_metrics`` and
 ``report_health`` (the real ingest methods), probes go to ``FakeReplicaClient``, and the
 death watch fails when the test crashes a replica.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane.lifecycle import ReplicaState
+from controlplane.deployment.lifecycle import ReplicaState
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
 from tests.unit.virtual_time import wait_all_tasks_blocked
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 
 from controlplane.clock import FakeClock
-from controlplane.config import AutoscalingConfig
-from controlplane.health.health_stats import merge_all
-from controlplane.proxy_metrics import ProxyMetrics
+from controlplane.config.schema import AutoscalingConfig
+from controlplane.health.stats import merge_all
+from controlplane.ingress.proxy_metrics import ProxyMetrics
 from controlplane.settings import Settings, ShardSettings
 from controlplane.shard import ShardCore
 from controlplane.specs import DeploymentId

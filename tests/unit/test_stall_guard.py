@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from controlplane.health.health_stats import HealthTotals
+from controlplane.health.stats import HealthTotals
 from controlplane.health.stall_guard import (STALL_EPISODE_CAP_S, STALL_MIN_TRACKED,
                                              STOCK_HEALTH_CHECK_PERIOD_S, GuardEvent, GuardState,
                                              IllegalGuardTransition, StallGuard, is_stall,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
+from controlplane.deployment.start_backoff import StartBackoff, StartBackoffPolicy
 
 POLICY = StartBackoffPolicy(initial_s=0.5, max_s=4.0, max_retries=3)
 T0 = 100.0

@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from controlplane.lifecycle import IllegalTransition, ReplicaEvent, ReplicaState
-from controlplane.replica_set import ReplicaRecord, ReplicaSet
+from controlplane.deployment.lifecycle import IllegalTransition, ReplicaEvent, ReplicaState
+from controlplane.deployment.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.wire import ReplicaInit
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from controlplane.lifecycle import ReplicaState
-from controlplane.reconcile import (DeploymentSnapshot, ReplicaView, StatusCounts,
+from controlplane.deployment.lifecycle import ReplicaState
+from controlplane.deployment.reconcile import (DeploymentSnapshot, ReplicaView, StatusCounts,
                                     deployment_status, status_from_counts)
 from controlplane.specs import DeploymentId
 from controlplane.wire import MetricReport, PushedHealth

@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from controlplane.health.health_gate import ProbeOutcome, ProbeResult
-from controlplane.health.health_stats import HealthTotals
+from controlplane.health.gate import ProbeOutcome, ProbeResult
+from controlplane.health.stats import HealthTotals
 from controlplane.health.push_health import DeploymentHealth, ProbeReplica
 
 T0, P = 1000.0, 10.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane.haproxy import membership
+from controlplane.ingress.haproxy import membership
 from controlplane.settings import ReplicaSettings
 from controlplane.specs import with_direct_ingress
 from tests.unit.shard_harness import Shard, make_spec, run

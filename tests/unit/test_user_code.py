@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import ray.cloudpickle as cloudpickle
 
-from controlplane.config import AutoscalingConfig, config_to_dict, parse_deploy_config
+from controlplane.config.schema import AutoscalingConfig, config_to_dict, parse_deploy_config
 from controlplane.errors import BuildError
 from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, shard_of, stable_hash
-from controlplane.user_code import build_application
+from controlplane.usercode.build import build_application
 from controlplane.wire import DeploymentRef
 
 APPS = "tests.unit.sample_apps"
@@ -198,7 +198,7 @@ def test_invalid_code_autoscaling_fails_the_build_naming_app_deployment_and_fiel
 
 def test_serve_only_autoscaling_knob_in_code_is_ignored_with_a_warning(caplog):
     # Valid Serve code keeps running; the knobs fleetplane implements are still checked.
-    with caplog.at_level(logging.WARNING, logger="controlplane.user_code"):
+    with caplog.at_level(logging.WARNING, logger="controlplane.usercode.build"):
         [spec] = build(f"{APPS}:serve_only_knob_app")
     assert "smoothing_factor" not in spec.autoscaling_config
     assert spec.autoscaling_config["max_replicas"] == 3
@@ -311,8 +311,8 @@ def test_code_version_same_when_config_restates_the_default_actor_options():
 # replica.
 _PRINT_VERSIONS = """
 import json
-from controlplane.config import config_to_dict, parse_deploy_config
-from controlplane.user_code import build_application
+from controlplane.config.schema import config_to_dict, parse_deploy_config
+from controlplane.usercode.build import build_application
 out = {}
 for path in ("tests.unit.sample_apps:Model", "tests.unit.sample_apps:serve_app",
              "tests.unit.sample_apps:decorated_app"):

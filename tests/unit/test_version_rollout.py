@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.version_rollout import VersionRollout
+from controlplane.deployment.version_rollout import VersionRollout
 from tests.unit.shard_harness import make_spec
 
 V1 = make_spec(3, "v1", serialized_def=b"one", ray_actor_options={"num_cpus": 1})

@@ -3,7 +3,7 @@
 HAProxy runs in its own session on purpose: it keeps serving while Ray restarts the
 node's ingress actor, which then adopts it. What must not outlive the node is the
 HAProxy itself (a node that dies and one that joins on the same address would find the
-port held). ``python -m controlplane.haproxy.guard RAYLET_PID MASTER_PID`` is started
+port held). ``python -m controlplane.ingress.haproxy.guard RAYLET_PID MASTER_PID`` is started
 beside each HAProxy master: it polls both once a second, sends the master SIGTERM (hard
 stop) when the raylet is gone, and exits when the master does. One small process per
 node, no Ray import.
@@ -57,7 +57,7 @@ def start_guard(master: int) -> None:
     raylet = raylet_pid()
     if raylet is None:  # not under a raylet (a test): nothing to guard against
         return
-    subprocess.Popen([sys.executable, "-m", "controlplane.haproxy.guard", str(raylet),
+    subprocess.Popen([sys.executable, "-m", "controlplane.ingress.haproxy.guard", str(raylet),
                       str(master)], start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from controlplane.haproxy.config import Paths
+from controlplane.ingress.haproxy.config import Paths
 
 
 def binary() -> str:

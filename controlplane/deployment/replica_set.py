@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from controlplane.lifecycle import (
+from controlplane.deployment.lifecycle import (
     SERVING_STATES,
     TERMINAL_STATES,
     ReplicaEvent,
@@ -33,7 +33,7 @@ from controlplane.lifecycle import (
     is_terminal,
     next_state,
 )
-from controlplane.rank_index import RunningRankIndex
+from controlplane.deployment.rank_index import RunningRankIndex
 
 _MOD = 2**64
 RUNNING = ReplicaState.RUNNING

@@ -34,8 +34,8 @@ import uvicorn
 
 from controlplane.clock import SystemClock
 from controlplane.priority import take_control_priority
-from controlplane.proxy_fleet import proxy_actor_name
-from controlplane.proxy_metrics import ProxyMetrics
+from controlplane.ingress.proxy_fleet import proxy_actor_name
+from controlplane.ingress.proxy_metrics import ProxyMetrics
 from controlplane.routing.asgi import respond
 from controlplane.routing.bind import bind_host
 from controlplane.routing.heap_trim import HeapTrimmer, libc_malloc_trim

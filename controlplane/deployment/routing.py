@@ -9,7 +9,7 @@ when limits or a replica's models changed.
 
 from __future__ import annotations
 
-from controlplane.replica_set import ReplicaRecord, ReplicaSet
+from controlplane.deployment.replica_set import ReplicaRecord, ReplicaSet
 from controlplane.specs import DeploymentSpec
 from controlplane.wire import ClusterDemand, ReplicaInfo, RoutingDelta, RoutingUpdate
 

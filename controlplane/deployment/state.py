@@ -29,33 +29,33 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
-from controlplane.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
-from controlplane.config import AutoscalingConfig
-from controlplane.config_rollout import ConfigRollout
-from controlplane.count_plan import CountTargets, plan_from_counts
-from controlplane.demand_board import DemandBoard
-from controlplane.deployment_report import deployment_report, deployment_summary
-from controlplane.health.health_gate import ProbeOutcome
-from controlplane.health.health_stats import HealthTotals
+from controlplane.deployment.autoscaling import AutoscalingPolicy, MetricWindow, ScalingState, decide
+from controlplane.config.schema import AutoscalingConfig
+from controlplane.deployment.config_rollout import ConfigRollout
+from controlplane.deployment.count_plan import CountTargets, plan_from_counts
+from controlplane.deployment.demand_board import DemandBoard
+from controlplane.deployment.report import deployment_report, deployment_summary
+from controlplane.health.gate import ProbeOutcome
+from controlplane.health.stats import HealthTotals
 from controlplane.health.push_health import (ApplyHealth, DeploymentHealth, HealthAction,
                                              ProbeReplica, ReplaceUnhealthy, ReplicaCrashed)
 from controlplane.health.stall_guard import StallGuard
-from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent
-from controlplane.ranks import RankConsistencyGate, RankManager, run_consistency_pass
-from controlplane.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
+from controlplane.deployment.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaEvent
+from controlplane.deployment.ranks import RankConsistencyGate, RankManager, run_consistency_pass
+from controlplane.deployment.reconcile import (DeploymentSnapshot, ReconfigureReplica, ReplicaView,
                                     StartReplica, StopReplica, plan)
-from controlplane.deployment_routing import DeploymentRouting
-from controlplane.replica_outcomes import ReplicaOutcomes
-from controlplane.replica_set import CountedMap, ReplicaSet
+from controlplane.deployment.routing import DeploymentRouting
+from controlplane.deployment.replica_outcomes import ReplicaOutcomes
+from controlplane.deployment.replica_set import CountedMap, ReplicaSet
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec
-from controlplane.start_backoff import StartBackoff, StartBackoffPolicy
-from controlplane.version_rollout import VersionRollout
+from controlplane.deployment.start_backoff import StartBackoff, StartBackoffPolicy
+from controlplane.deployment.version_rollout import VersionRollout
 from controlplane.wire import (MetricReport, PushedHealth, ReportRow, RouterDemand, RoutingDelta,
                               RoutingUpdate)
 
 if TYPE_CHECKING:
-    from controlplane.replica_ops import ReplicaOps
+    from controlplane.deployment.replica_ops import ReplicaOps
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from controlplane.config_bounds import BuildTimeoutSeconds, PeriodSeconds, Shards
-from controlplane.config_serve_compat import ServeControllerFields, ServeHTTPFields
+from controlplane.config.bounds import BuildTimeoutSeconds, PeriodSeconds, Shards
+from controlplane.config.serve_compat import ServeControllerFields, ServeHTTPFields
 
 MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True)
 _MODEL_CONFIG = MODEL_CONFIG

@@ -114,9 +114,9 @@ class ProxyFleet:
         except ValueError:
             pass
         if http_options.get("ingress") == "haproxy":
-            from controlplane.haproxy.ingress import HAProxyIngress as actor_class
+            from controlplane.ingress.haproxy.ingress import HAProxyIngress as actor_class
         else:
-            from controlplane.proxy import Proxy as actor_class
+            from controlplane.ingress.proxy import Proxy as actor_class
 
         listeners = _listeners(http_options)
         return ray.remote(actor_class).options(

@@ -27,7 +27,7 @@ from ray.runtime_env import RuntimeEnv
 
 from controlplane.errors import BuildError, BuildErrors, exception_line, first_line
 from controlplane.specs import DeploymentSpec
-from controlplane.user_code import build_with_warnings
+from controlplane.usercode.build import build_with_warnings
 
 _remote_build = ray.remote(num_cpus=0, max_calls=1)(build_with_warnings)
 

@@ -22,9 +22,9 @@ import logging
 from typing import Any
 
 from controlplane.clock import Clock
-from controlplane.deployment_state import DeploymentState
-from controlplane.health.health_gate import ProbeOutcome, ProbeResult
-from controlplane.lifecycle import ReplicaEvent
+from controlplane.deployment.state import DeploymentState
+from controlplane.health.gate import ProbeOutcome, ProbeResult
+from controlplane.deployment.lifecycle import ReplicaEvent
 from controlplane.replica_client import (ReplicaCallFailed, ReplicaClient, ReplicaDied,
                                          replica_actor_name)
 from controlplane.settings import ReplicaSettings

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaState
+from controlplane.deployment.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaState
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from controlplane.config_bounds import (
+from controlplane.config.bounds import (
     DAY_S, REPLICAS, Bound, FiniteFloat, NonNegativeFloat, PositiveFloat, Replicas, check_depth,
     check_number, count, number)
 

@@ -4,7 +4,7 @@ Owns:
 
 - ``MetricReport``: the shape of the periodic report a replica sends its shard, with the
   replica's pushed health (``PushedHealth``) riding on it.
-- ``MetricWindow`` (``controlplane.metric_window``, re-exported here): per deployment,
+- ``MetricWindow`` (``controlplane.deployment.metric_window``, re-exported here): per deployment,
   the recent reports of each replica and the load averaged over the look-back period,
   summed over the replicas the caller says count; kept up to date per report and per
   expiry, so a query never walks the replicas.
@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from controlplane.config import AutoscalingConfig
-from controlplane.metric_window import MetricWindow, WindowStatistics
+from controlplane.config.schema import AutoscalingConfig
+from controlplane.deployment.metric_window import MetricWindow, WindowStatistics
 
 # The window is re-exported: the shard and the tests take it from here, with the decision.
 __all__ = ["AutoscalingPolicy", "MetricWindow", "ScalingDecision", "ScalingState",

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 
-from controlplane.lifecycle import ReplicaState
-from controlplane.replica_set import ReplicaSet
+from controlplane.deployment.lifecycle import ReplicaState
+from controlplane.deployment.replica_set import ReplicaSet
 from controlplane.wire import ClusterDemand, RouterDemand
 
 PUBLISH_INTERVAL_S = 1.0  # the shard's publications, while the total changes

@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from controlplane.haproxy.membership import backend_name
-from controlplane.proxy_metrics import ControllerHealthCollector, RoutingCollector
+from controlplane.ingress.haproxy.membership import backend_name
+from controlplane.ingress.proxy_metrics import ControllerHealthCollector, RoutingCollector
 from controlplane.routing.asgi import respond
 
 logger = logging.getLogger(__name__)

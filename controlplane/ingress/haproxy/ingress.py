@@ -29,13 +29,13 @@ from pathlib import Path
 import ray
 import uvicorn
 
-from controlplane.haproxy import membership
-from controlplane.haproxy.config import Paths, render
-from controlplane.haproxy.guard import start_guard
-from controlplane.haproxy.metrics import IngressMetrics
-from controlplane.haproxy.process import HAProxyProcess
+from controlplane.ingress.haproxy import membership
+from controlplane.ingress.haproxy.config import Paths, render
+from controlplane.ingress.haproxy.guard import start_guard
+from controlplane.ingress.haproxy.metrics import IngressMetrics
+from controlplane.ingress.haproxy.process import HAProxyProcess
 from controlplane.priority import take_control_priority
-from controlplane.proxy import listen_socket
+from controlplane.ingress.proxy import listen_socket
 from controlplane.routing.bind import bind_host
 from controlplane.routing.subscriber import RoutingSubscriber
 from controlplane.settings import Settings

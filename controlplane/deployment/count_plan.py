@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.lifecycle import ReplicaState
-from controlplane.reconcile import START, Action, StopReplica, starts_allowed
-from controlplane.replica_set import CountedMap, ReplicaSet
+from controlplane.deployment.lifecycle import ReplicaState
+from controlplane.deployment.reconcile import START, Action, StopReplica, starts_allowed
+from controlplane.deployment.replica_set import CountedMap, ReplicaSet
 
 STARTING, RUNNING, UPDATING = ReplicaState.STARTING, ReplicaState.RUNNING, ReplicaState.UPDATING
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from controlplane.lifecycle import SERVING_STATES, TERMINAL_STATES, ReplicaEvent, ReplicaState
-from controlplane.replica_set import ReplicaRecord
+from controlplane.deployment.lifecycle import SERVING_STATES, TERMINAL_STATES, ReplicaEvent, ReplicaState
+from controlplane.deployment.replica_set import ReplicaRecord
 from controlplane.specs import stable_hash
-from controlplane.start_backoff import StartBackoff
+from controlplane.deployment.start_backoff import StartBackoff
 from controlplane.wire import ReplicaDescription
 
-logger = logging.getLogger("controlplane.deployment_state")
+logger = logging.getLogger("controlplane.deployment.state")
 
 # Bound once: ``ReplicaState.RUNNING`` is a metaclass lookup (~0.5 us on Python 3.11),
 # and a start reads several (issue 16).

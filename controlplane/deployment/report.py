@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from controlplane.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaState
-from controlplane.reconcile import StatusCounts, deployment_status, status_from_counts
-from controlplane.replica_set import ReplicaRecord
+from controlplane.deployment.lifecycle import ACTIVE_STATES, SERVING_STATES, ReplicaState
+from controlplane.deployment.reconcile import StatusCounts, deployment_status, status_from_counts
+from controlplane.deployment.replica_set import ReplicaRecord
 
 if TYPE_CHECKING:
-    from controlplane.deployment_state import DeploymentState
+    from controlplane.deployment.state import DeploymentState
 
 _NOT_RUNNING = tuple(s for s in ReplicaState if s is not ReplicaState.RUNNING)
 

@@ -1,7 +1,7 @@
 """The load window autoscaling decides from: per deployment, the recent load reports of
 each replica and the load averaged over the look-back period, summed over the replicas
 the caller says count; kept up to date per report and per expiry, so a query never walks
-the replicas (``controlplane.autoscaling`` re-exports it, with the decision).
+the replicas (``controlplane.deployment.autoscaling`` re-exports it, with the decision).
 
 Invariants:
 

@@ -36,19 +36,19 @@ from pydantic import (AfterValidator, BaseModel, Field, ValidationError,
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from controlplane.config_bounds import (
+from controlplane.config.bounds import (
     AtLeastOneReplica, Cpus, CustomResource, DelaySeconds, Gpus,
     HealthCheckSeconds, MemoryBytes, OngoingRequests, PeriodSeconds, QueuedRequests, Replicas,
     TargetOngoingRequests, check_depth, check_user_config_size, route_prefix_problem)
-from controlplane.config_options import MODEL_CONFIG as _MODEL_CONFIG
-from controlplane.config_options import (BackpressureConfig, ControllerOptions,  # noqa: F401
+from controlplane.config.options import MODEL_CONFIG as _MODEL_CONFIG
+from controlplane.config.options import (BackpressureConfig, ControllerOptions,  # noqa: F401
                                          HTTPOptions)  # re-exported: users import them here
-from controlplane.config_runtime_env import RuntimeEnvField
-from controlplane.config_serve_compat import (
+from controlplane.config.runtime_env import RuntimeEnvField
+from controlplane.config.serve_compat import (
     ReplicasOrAuto, ServeApplicationFields, ServeAutoscalingFields,
     ServeDeployFields, ServeDeploymentFields, accepted_fields, acted_on_dump,
     ignored_fields, resolve_auto, unset_fields)
-from controlplane.config_yaml import read_yaml_file
+from controlplane.config.yaml_file import read_yaml_file
 from controlplane.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from controlplane.lifecycle import ReplicaState
-from controlplane.replica_set import ReplicaSet
+from controlplane.deployment.lifecycle import ReplicaState
+from controlplane.deployment.replica_set import ReplicaSet
 
 logger = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.health.health_gate import (Apply, Defer, Drop, GateState, ProbeOutcome,
+from controlplane.health.gate import (Apply, Defer, Drop, GateState, ProbeOutcome,
                                              ProbeResult, Skip, StartProbe, UsePush, Wait,
                                              consume_push, decide, resolve_probe, stale_after_s,
                                              start_probe)
-from controlplane.health.health_stats import HealthTotals
+from controlplane.health.stats import HealthTotals
 from controlplane.health.push_health import (ApplyHealth, DeadlineQueue, DeploymentHealth,
                                              ProbeReplica, ReplaceUnhealthy, ReplicaCrashed)
 from controlplane.health.push_registry import HealthPushRegistry, PushEntry

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.haproxy.config import backend_name, server_name  # noqa: F401 (re-exported)
+from controlplane.ingress.haproxy.config import backend_name, server_name  # noqa: F401 (re-exported)
 
 Servers = dict[str, dict[str, str]]  # backend -> server -> "host:port"
 

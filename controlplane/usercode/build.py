@@ -44,12 +44,12 @@ from typing import Any, Mapping
 import ray.cloudpickle as cloudpickle
 from pydantic import BaseModel, ValidationError
 
-from controlplane.autoscaling import AutoscalingPolicy, initial_target
-from controlplane.config import AutoscalingConfig, DeploymentConfig, check_deployment_options
-from controlplane.code_fit import check_constructor, check_user_config
-from controlplane.config_serve_compat import AUTO_AUTOSCALING
+from controlplane.deployment.autoscaling import AutoscalingPolicy, initial_target
+from controlplane.config.schema import AutoscalingConfig, DeploymentConfig, check_deployment_options
+from controlplane.usercode.code_fit import check_constructor, check_user_config
+from controlplane.config.serve_compat import AUTO_AUTOSCALING
 from controlplane.errors import BuildError, ConfigError, exception_line
-from controlplane.import_path import import_target
+from controlplane.usercode.import_path import import_target
 from controlplane.specs import DEPLOYMENT_DEFAULTS, DeploymentId, DeploymentSpec, stable_hash
 from controlplane.wire import DeploymentRef
 

@@ -1,0 +1,1 @@
+"""The user-facing deploy config: schema, bounds, instance options, Serve compatibility."""

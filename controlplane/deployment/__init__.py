@@ -1,0 +1,1 @@
+"""One deployment inside a shard: its conductor and the owners it composes."""
