@@ -168,10 +168,6 @@ class RayActorOptions(BaseModel):
     fallback_strategy: list[JsonDict] | None = Field(
         None, description="Scheduling options Ray falls back on, in order (passed to Ray).")
 
-    def to_ray_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``.options()``: only what is set, so Ray's defaults apply."""
-        return {k: v for k, v in self.model_dump().items() if v is not None and v != {}}
-
 
 class DeploymentOptions(BaseModel):
     """A deployment's options, wherever they are set: a ``deployments[]`` entry of the

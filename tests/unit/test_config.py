@@ -7,7 +7,7 @@ import pickle
 import pytest
 from pydantic import ValidationError
 
-from controlplane.config.schema import (AutoscalingConfig, DeployConfig, DeploymentConfig, RayActorOptions,
+from controlplane.config.schema import (AutoscalingConfig, DeployConfig, DeploymentConfig,
                                  check_deployment_options, config_to_dict, load_deploy_config,
                                  parse_deploy_config)
 from controlplane.errors import ConfigError
@@ -236,12 +236,6 @@ def test_overrides_are_only_the_fields_set():
     assert overrides["autoscaling_config"]["max_replicas"] == 3
     assert overrides["autoscaling_config"]["min_replicas"] == 1  # nested model is dumped whole
     assert DeploymentConfig(name="d").overrides() == {}
-
-
-def test_to_ray_kwargs_keeps_only_set_options():
-    options = RayActorOptions(num_cpus=0, resources={"H200": 1}, accelerator_type="H200")
-    assert options.to_ray_kwargs() == {"num_cpus": 0.0, "resources": {"H200": 1.0}, "accelerator_type": "H200"}
-    assert RayActorOptions().to_ray_kwargs() == {}
 
 
 def test_config_error_pickles_and_renders():
