@@ -380,10 +380,6 @@ class Replica:
         if self._reporter is not None:
             self._reporter.cancel()
 
-    def get_state(self) -> dict:
-        return {"replica_id": self._init.replica_id, "rank": self._rank, "pid": os.getpid(),
-                "ongoing_requests": self._ongoing, "queued_requests": self._queued}
-
     def _report(self) -> MetricReport:
         return MetricReport(replica_id=self._init.replica_id,
                             ongoing_requests=self._ongoing, queued_requests=self._queued,

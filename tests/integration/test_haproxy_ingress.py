@@ -232,16 +232,17 @@ def test_a_replica_killed_mid_request_a_post_is_502_a_get_is_retried(haproxy):
     from concurrent.futures import ThreadPoolExecutor
 
     import ray
+    import ray._private.state as ray_state
 
     def holder(status: dict) -> tuple[str, int] | None:
         for r in dep_status(status, "web", "HttpModel")["replicas"]:
             try:  # the status may still list the replica killed a moment ago
                 actor = ray.get_actor(r["actor_name"], namespace=NAMESPACE)
-                state = ray.get(actor.get_state.remote(), timeout=10)
+                held = ray.get(actor.get_queue_len.remote(), timeout=10)  # routers' probe
             except (ValueError, ray.exceptions.RayActorError):
                 continue  # gone: it holds nothing
-            if state["ongoing_requests"]:
-                return r["replica_id"], state["pid"]
+            if held:
+                return r["replica_id"], ray_state.actors(actor._actor_id.hex())["Pid"]
         return None
 
     def replaced(killed: set[str]) -> Callable[[dict], bool]:

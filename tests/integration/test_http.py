@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import ray
 import requests
+from ray._private.state import actors
 
 from tests.integration.conftest import BASE_URL, app, dep_status, deploy, settled, wait_for
 
@@ -88,9 +89,8 @@ def test_overload_rejects_with_retry_after_and_serves_admitted(http_apps, route,
 
 
 def test_replica_killed_mid_request_fails_fast_with_5xx(http_apps, fleet):
-    replica = dep_status(fleet.status(), "slow503", "Sleeper")["replicas"][0]
-    pid = ray.get(ray.get_actor(replica["actor_name"], namespace="fleetplane")
-                  .get_state.remote())["pid"]
+    actor = _replica_actor(fleet, "slow503")
+    pid = actors(actor._actor_id.hex())["Pid"]  # the GCS's table: no dashboard needed
     result = {}
 
     def send() -> None:  # until admitted: a proxy's router may still see the replica busy
@@ -104,9 +104,7 @@ def test_replica_killed_mid_request_fails_fast_with_5xx(http_apps, fleet):
 
     worker = threading.Thread(target=send)
     worker.start()
-    wait_for(fleet, lambda s: ray.get(ray.get_actor(replica["actor_name"], namespace="fleetplane")
-                                      .get_state.remote())["ongoing_requests"] == 1,
-             what="request in flight")
+    wait_for(fleet, lambda s: _in_flight(actor) == 1, what="request in flight")
     os.kill(pid, signal.SIGKILL)
     worker.join(timeout=15)
     assert not worker.is_alive(), "the request hung after its replica died"
@@ -121,7 +119,7 @@ def test_healthz_and_metrics(http_apps):
     metrics = get("/metrics").text
     assert 'fleetplane_http_requests_total{deployment="web/HttpModel"' in metrics
     assert "fleetplane_http_request_latency_seconds_bucket" in metrics
-    # The controller's push-health figures ride along (issue 4).
+    # The controller's push-health figures ride along: one scrape shows both planes.
     assert "fleetplane_health_pushes_total" in metrics
     assert "fleetplane_health_pull_probes_total" in metrics
     assert 'fleetplane_health_self_check_interval_seconds{quantile="p50"}' in metrics
@@ -139,10 +137,14 @@ def test_no_running_replicas_is_an_immediate_503(http_apps):
     assert "no running replicas" in r.text
 
 
-def _ongoing(fleet, app_name: str) -> int:
+def _replica_actor(fleet, app_name: str):
     replica = dep_status(fleet.status(), app_name, "Sleeper")["replicas"][0]
-    actor = ray.get_actor(replica["actor_name"], namespace="fleetplane")
-    return ray.get(actor.get_state.remote())["ongoing_requests"]
+    return ray.get_actor(replica["actor_name"], namespace="fleetplane")
+
+
+def _in_flight(actor) -> int:
+    """Requests the replica holds, running or waiting for a slot, as routers probe it."""
+    return ray.get(actor.get_queue_len.remote())
 
 
 def test_client_disconnect_frees_the_slot(http_apps, fleet):
@@ -150,6 +152,6 @@ def test_client_disconnect_frees_the_slot(http_apps, fleet):
         requests.get(BASE_URL + "/hangup?s=30", timeout=1.0)
     # The proxy cancels the request with its client: the replica's only slot frees long
     # before the 30 s handler would have ended, and the next request is served.
-    wait_for(fleet, lambda s: _ongoing(fleet, "hangup") == 0, timeout_s=10,
+    wait_for(fleet, lambda s: _in_flight(_replica_actor(fleet, "hangup")) == 0, timeout_s=10,
              what="slot freed after the client left")
     assert get("/hangup?s=0").text == "done"
