@@ -154,10 +154,6 @@ class VLLMServer:
                 "restart_reason": self._policy.reason}
 
     # ---- shutdown ------------------------------------------------------------------------------
-    async def close_connections(self) -> None:
-        """Close the HTTP session to the engine (sessions belong to one event loop)."""
-        await self._client.close()
-
     def __del__(self) -> None:  # Serve's clean-up hook: the replica calls it on a stop
         self.shutdown()
 

@@ -33,7 +33,15 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def server(clock):
+def loop():
+    """One event loop for a test's traffic, as a replica serves its user object on one loop
+    for its life: the engine client's HTTP session belongs to the loop that opened it."""
+    with asyncio.Runner() as runner:
+        yield runner
+
+
+@pytest.fixture
+def server(clock, loop):
     os.chdir(REPO)  # the simulator is imported from the repo root, as in a Ray worker
     # The fake clock never reaches the start's deadline: a start that hangs (the simulator
     # answers or exits within a second) is ended by pytest's timeout instead.
@@ -41,17 +49,20 @@ def server(clock):
                    health_interval_s=INTERVAL_S, answer_timeout_s=2.0,
                    startup_timeout_s=30, clock=clock)
     yield s
-    s.shutdown()
+    loop.run(stop(s))
 
 
-def run(coro, server: VLLMServer | None = None):
-    async def main():
-        try:
-            return await coro
-        finally:
-            if server is not None:
-                await server.close_connections()
-    return asyncio.run(main())
+async def stop(server: VLLMServer) -> None:
+    """A replica's stop, on the server's loop: ``shutdown()``, then what it left to run
+    there (closing the HTTP session to the engine) runs to its end."""
+    server.shutdown()
+    await asyncio.gather(*asyncio.all_tasks() - {asyncio.current_task()}, return_exceptions=True)
+
+
+def check_health(server: VLLMServer) -> None:
+    """``check_health`` on a loop of its own: the background check it starts ends with that
+    loop, so the test alone takes the check's steps (``check_now``)."""
+    asyncio.run(server.check_health())
 
 
 def pass_interval(server: VLLMServer, clock: FakeClock) -> int:
@@ -71,19 +82,18 @@ def checks(server: VLLMServer, clock: FakeClock, n: int) -> tuple[list[dict], li
     return results, stepped
 
 
-def test_serves_completions_chat_models_and_http(server):
-    text = run(server({"prompt": "hi", "max_tokens": 3}), server)["choices"][0]["text"]
+def test_serves_completions_chat_models_and_http(server, loop):
+    text = loop.run(server({"prompt": "hi", "max_tokens": 3}))["choices"][0]["text"]
     assert text == " tok tok tok"
-    chat = run(server({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
-               server)
+    chat = loop.run(server({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
     assert chat["choices"][0]["message"]["content"] == " tok tok"
-    assert run(server.models(), server)["data"][0]["id"] == "sim-model"
+    assert loop.run(server.models())["data"][0]["id"] == "sim-model"
     with pytest.raises(EngineRequestError) as e:
-        run(server({"model": "other", "prompt": "x"}), server)
+        loop.run(server({"model": "other", "prompt": "x"}))
     assert e.value.status == 404
 
 
-def test_http_requests_are_forwarded_below_the_route_prefix(server):
+def test_http_requests_are_forwarded_below_the_route_prefix(server, loop):
     from starlette.requests import Request
 
     body = json.dumps({"model": "sim-model", "prompt": "x", "max_tokens": 2}).encode()
@@ -96,13 +106,13 @@ def test_http_requests_are_forwarded_below_the_route_prefix(server):
                         "query_string": b"", "headers": [(b"content-type", b"application/json")]},
                        receive)
 
-    response = run(server(request("POST", "/llm/v1/completions")), server)
+    response = loop.run(server(request("POST", "/llm/v1/completions")))
     assert response.status_code == 200
     assert json.loads(response.body)["usage"]["completion_tokens"] == 2
-    assert run(server(request("GET", "/llm/metrics")), server).status_code == 404
+    assert loop.run(server(request("GET", "/llm/metrics"))).status_code == 404
 
 
-def test_a_streamed_completion_is_forwarded_as_server_sent_events(server):
+def test_a_streamed_completion_is_forwarded_as_server_sent_events(server, loop):
     from starlette.requests import Request
 
     body = json.dumps({"model": "sim-model", "prompt": "x", "max_tokens": 3,
@@ -119,7 +129,7 @@ def test_a_streamed_completion_is_forwarded_as_server_sent_events(server):
         chunks = [c async for c in response.body_iterator]
         return response.status_code, response.media_type, b"".join(chunks).decode()
 
-    status, media_type, text = run(streamed(), server)
+    status, media_type, text = loop.run(streamed())
     assert (status, media_type) == (200, "text/event-stream")
     events = [line[len("data: "):] for line in text.split("\n\n") if line]
     assert events[-1] == "[DONE]"
@@ -134,7 +144,7 @@ def test_busy_full_engine_passes_every_check_without_a_test_request(server, cloc
     assert stepped == [STEPS_PER_INTERVAL] * 4
     assert {r["report"]["steps_per_s"] for r in results[1:]} == {STEPS_PER_S}
     assert [r["decision"] for r in results] == ["keep"] * 5
-    run(server.check_health())  # does not raise
+    check_health(server)  # does not raise
     stats = sim_request(url + "/sim/stats")
     assert stats["completions_while_full"] == 0 and stats["completions"] == 0
 
@@ -148,12 +158,12 @@ def test_stuck_engine_fails_its_checks_from_then_on(server, clock):
     assert [r["decision"] for r in results] == ["keep", "keep", "restart"]
     assert clock.monotonic() == 2 * INTERVAL_S
     with pytest.raises(EngineUnhealthy, match="stuck"):
-        run(server.check_health())
+        check_health(server)
     sim_request(url + "/sim/fault", {"mode": "none"})  # recovers: the decision stands
     assert pass_interval(server, clock) == STEPS_PER_INTERVAL
     assert server.check_now()["decision"] == "waiting"
     with pytest.raises(EngineUnhealthy):
-        run(server.check_health())
+        check_health(server)
     assert sim_request(url + "/sim/stats")["completions"] == 0
 
 
@@ -162,7 +172,7 @@ def test_engine_that_exits_is_dead(server):
     wait_until(lambda: server.statistics()["engine_exit_code"] is not None,
                "the engine to exit after the dead fault")
     with pytest.raises(EngineUnhealthy, match="exited with status 17"):
-        run(server.check_health())
+        check_health(server)
 
 
 def test_start_failure_names_the_command_and_its_last_output():
@@ -212,7 +222,7 @@ def test_engine_dies_with_its_guard_killed_by_sigkill(server):
     wait_until(lambda: not pid_alive(engine_pid),
                f"engine pid {engine_pid} to die with its SIGKILLed guard")
     with pytest.raises(EngineUnhealthy, match="dead"):
-        run(server.check_health())
+        check_health(server)
 
 
 def test_shutdown_stops_the_engine(server):
