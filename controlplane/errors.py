@@ -5,6 +5,8 @@ Each passes all its fields to ``super().__init__`` so it pickles across actors.
 
 from __future__ import annotations
 
+from enum import Enum
+
 
 def first_line(error: BaseException) -> str:
     """An error in one line for logs and messages (Ray's carry whole tracebacks)."""
@@ -25,6 +27,22 @@ class DeployRejected(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
+
+
+class IllegalTransition(Exception):
+    """An event that a state machine's current state does not accept: a bug in the caller,
+    raised instead of ignored and never retried (h11's rule for transition tables).
+    ``machine`` names the table (``replica``, ``stall-guard``); ``state`` and ``event`` are
+    members of its enums."""
+
+    def __init__(self, machine: str, state: Enum, event: Enum) -> None:
+        super().__init__(machine, state, event)
+        self.machine = machine
+        self.state = state
+        self.event = event
+
+    def __str__(self) -> str:
+        return f"illegal {self.machine} transition: {self.state.value} on {self.event.value}"
 
 
 class ConfigError(Exception):

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from enum import Enum
 from types import MappingProxyType
 
+from controlplane.errors import IllegalTransition
+
 
 class ReplicaState(str, Enum):
     STARTING = "STARTING"  # actor created, constructor / first health check running
@@ -77,25 +79,12 @@ ACTIVE_STATES = frozenset({ReplicaState.STARTING, ReplicaState.RUNNING, ReplicaS
 SERVING_STATES = frozenset({ReplicaState.RUNNING, ReplicaState.UPDATING})
 
 
-class IllegalTransition(Exception):
-    """An event arrived that the replica's current state does not accept (a caller bug)."""
-
-    def __init__(self, state: ReplicaState, event: ReplicaEvent) -> None:
-        # Both fields go to super().__init__ so the exception pickles across actors.
-        super().__init__(state, event)
-        self.state = state
-        self.event = event
-
-    def __str__(self) -> str:
-        return f"illegal replica transition: {self.state.value} on {self.event.value}"
-
-
 def next_state(state: ReplicaState, event: ReplicaEvent) -> ReplicaState:
     """The state ``event`` moves a replica in ``state`` to; raises ``IllegalTransition``."""
     try:
         return TRANSITIONS[(state, event)]
     except KeyError:
-        raise IllegalTransition(state, event) from None
+        raise IllegalTransition("replica", state, event) from None
 
 
 def is_terminal(state: ReplicaState) -> bool:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 
+from controlplane.errors import IllegalTransition
 from controlplane.health.stats import HealthTotals
 from controlplane.specs import DEPLOYMENT_DEFAULTS
 
@@ -79,21 +80,12 @@ TRANSITIONS: Mapping[tuple[GuardState, GuardEvent], GuardState] = MappingProxyTy
 })
 
 
-class IllegalGuardTransition(Exception):
-    def __init__(self, state: GuardState, event: GuardEvent) -> None:
-        super().__init__(state, event)  # all fields to super() so it pickles
-        self.state = state
-        self.event = event
-
-    def __str__(self) -> str:
-        return f"illegal stall-guard transition: {self.state.value} on {self.event.value}"
-
-
 def next_state(state: GuardState, event: GuardEvent) -> GuardState:
+    """The state ``event`` moves the guard in ``state`` to; raises ``IllegalTransition``."""
     try:
         return TRANSITIONS[(state, event)]
     except KeyError:
-        raise IllegalGuardTransition(state, event) from None
+        raise IllegalTransition("stall-guard", state, event) from None
 
 
 def is_stall(stale: int, tracked: int) -> bool:

@@ -53,11 +53,16 @@ def test_table_has_exactly_the_legal_pairs():
     assert dict(TRANSITIONS) == LEGAL
 
 
-@pytest.mark.parametrize(("state", "event"), ILLEGAL)
-def test_illegal_transition_raises(state, event):
+def raised(state: ReplicaState, event: ReplicaEvent) -> IllegalTransition:
     with pytest.raises(IllegalTransition) as info:
         next_state(state, event)
-    assert (info.value.state, info.value.event) == (state, event)
+    return info.value
+
+
+@pytest.mark.parametrize(("state", "event"), ILLEGAL)
+def test_illegal_transition_raises(state, event):
+    err = raised(state, event)
+    assert (err.machine, err.state, err.event) == ("replica", state, event)
 
 
 def test_terminal_states_accept_no_event():
@@ -67,12 +72,11 @@ def test_terminal_states_accept_no_event():
 
 
 def test_illegal_transition_message():
-    err = IllegalTransition(S.STOPPED, E.STARTED)
-    assert str(err) == "illegal replica transition: STOPPED on STARTED"
+    assert str(raised(S.STOPPED, E.STARTED)) == "illegal replica transition: STOPPED on STARTED"
 
 
 def test_illegal_transition_pickles():
-    err = IllegalTransition(S.RUNNING, E.STARTED)
+    err = raised(S.RUNNING, E.STARTED)
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is IllegalTransition
     assert (back.state, back.event) == (S.RUNNING, E.STARTED)

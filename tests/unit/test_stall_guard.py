@@ -6,11 +6,11 @@ import pickle
 
 import pytest
 
+from controlplane.errors import IllegalTransition
 from controlplane.health.stats import HealthTotals
 from controlplane.health.stall_guard import (STALL_EPISODE_CAP_S, STALL_MIN_TRACKED,
                                              STOCK_HEALTH_CHECK_PERIOD_S, GuardEvent, GuardState,
-                                             IllegalGuardTransition, StallGuard, is_stall,
-                                             next_state, stagger_offset_s)
+                                             StallGuard, is_stall, next_state, stagger_offset_s)
 
 T0 = 1000.0
 WINDOW = 10.0
@@ -159,7 +159,9 @@ def test_forget_removes_a_replica_from_tally_and_holds():
 
 def test_transition_table_rejects_illegal_events():
     assert next_state(GuardState.IDLE, GuardEvent.CROSSED) is GuardState.ENGAGED
-    with pytest.raises(IllegalGuardTransition, match="IDLE on CAPPED"):
+    with pytest.raises(IllegalTransition) as info:
         next_state(GuardState.IDLE, GuardEvent.CAPPED)
-    err = pickle.loads(pickle.dumps(IllegalGuardTransition(GuardState.IDLE, GuardEvent.CAPPED)))
-    assert err.event is GuardEvent.CAPPED
+    assert str(info.value) == "illegal stall-guard transition: IDLE on CAPPED"
+    err = pickle.loads(pickle.dumps(info.value))
+    assert (err.state, err.event) == (GuardState.IDLE, GuardEvent.CAPPED)
+    assert str(err) == str(info.value)
