@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,13 +40,14 @@ from typing import Any, AsyncIterator, Iterable
 
 from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
+from controlplane.routing.admission import RetryAdvisor
+from controlplane.routing.members import ReplicaMembers
 from controlplane.routing.placement import choose_replica, sample_candidates
 from controlplane.routing.queue_len_cache import QueueLenCache
-from controlplane.routing.retry_after import DrainRateEstimator, RetrySchedule, retry_after_s
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import ReplicaTransport
 from controlplane.settings import RouterSettings
-from controlplane.wire import ClusterDemand, RouterDemand, ReplicaInfo, RoutingUpdate
+from controlplane.wire import RouterDemand, ReplicaInfo, RoutingUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,18 @@ class RouterStatistics:
     in_flight_by_replica: dict[str, int] = field(default_factory=dict)
 
 
+class RouterCounters:
+    """What a router has done since it started (the totals of ``RouterStatistics``)."""
+
+    __slots__ = ("assigned", "rejected", "probe_failures", "tickets")
+
+    def __init__(self) -> None:
+        self.assigned = 0  # requests placed on a replica
+        self.rejected = 0  # requests shed at admission
+        self.probe_failures = 0
+        self.tickets = 0  # requests queued at a full replica by the starvation guard
+
+
 class Router:
     def __init__(self, config: RoutingConfig, transport: ReplicaTransport, clock: Clock,
                  rng: random.Random, settings: RouterSettings = RouterSettings()) -> None:
@@ -79,36 +91,22 @@ class Router:
         self._rng = rng
         self._settings = settings
         self._cache = QueueLenCache(settings.queue_len_ttl_s)
-        self._replicas: dict[str, ReplicaInfo] = {}
-        self._holders: dict[str, list[str]] = {}
+        self._members = ReplicaMembers()
         self._waiters: deque[asyncio.Future[ReplicaInfo]] = deque()  # may hold cancelled
         self._queued = 0  # live waiters: the admission count
-        self._drain = DrainRateEstimator()
-        self._arrivals = DrainRateEstimator()  # every request reaching this router
-        self._retries = RetrySchedule()  # retries promised per second (arrival_aware)
+        self._retry = RetryAdvisor()  # drain and arrival rates: a rejection's Retry-After
         self._backoff: asyncio.TimerHandle | None = None
         self._backoff_streak = 0  # backoffs since a waiter last got a slot
         self._probes: set[asyncio.Task] = set()
         self._closed: str | None = None  # the reason, once closed
-        self._assigned_total = 0
-        self._rejected_total = 0
-        self._probe_failures_total = 0
-        self._tickets_total = 0
-        self._last_retry_after_s: int | None = None
-        self._cluster: ClusterDemand | None = None  # cluster_informed: the shard's total
-        self._cluster_at = -math.inf
-        self._replica_tuple: tuple | None = None  # the last update's, to skip a rebuild
+        self._counts = RouterCounters()
 
     # ---- fed by the owning shard's push ----------------------------------------------
     def update_replicas(self, replicas: Iterable[ReplicaInfo]) -> None:
         """Replace the placeable set. Replicas left out (stopping) get no new request;
         their running requests finish normally."""
-        self._replicas = {r.replica_id: r for r in replicas}
-        self._holders = {}  # multiplexed model id -> replicas holding it
-        for r in self._replicas.values():
-            for model_id in r.model_ids:
-                self._holders.setdefault(model_id, []).append(r.replica_id)
-        self._cache.set_members(self._replicas)
+        self._members.replace(replicas)
+        self._cache.set_members(self._members.by_id)
         self._dispatch()
 
     def update_config(self, config: RoutingConfig) -> None:
@@ -122,10 +120,9 @@ class Router:
             self.close("the deployment was deleted")
             return
         self.update_config(RoutingConfig.from_update(self._config.deployment, update))
-        if update.demand is not None and update.demand is not self._cluster:
-            self._cluster, self._cluster_at = update.demand, self._clock.monotonic()
-        if update.replicas is not self._replica_tuple:  # a demand-only change keeps it
-            self._replica_tuple = update.replicas
+        if update.demand is not None:
+            self._retry.heard_total(update.demand, self._clock.monotonic())
+        if self._members.take_push(update.replicas):  # a demand-only change keeps it
             self.update_replicas(update.replicas)
 
     @property
@@ -135,9 +132,7 @@ class Router:
 
     def demand(self) -> RouterDemand:
         """What this router reports for ``cluster_informed`` (``demand_board``)."""
-        now = self._clock.monotonic()
-        return RouterDemand(self._queued, self._drain.rate_per_s(now) or 0.0,
-                            self._arrivals.rate_per_s(now) or 0.0)
+        return self._retry.demand(self._queued, self._clock.monotonic())
 
     def close(self, reason: str) -> None:
         """Fail every waiter with RouterClosedError; stop probes and the backoff timer."""
@@ -182,15 +177,16 @@ class Router:
     @property
     def num_replicas(self) -> int:
         """Placeable replicas (O(1), for the proxy's no-replicas fast answer)."""
-        return len(self._replicas)
+        return len(self._members)
 
     def statistics(self) -> RouterStatistics:
+        counts = self._counts
         return RouterStatistics(
-            deployment=self._config.deployment, num_replicas=len(self._replicas),
+            deployment=self._config.deployment, num_replicas=len(self._members),
             queued=self._queued, in_flight=self._cache.in_flight_total,
-            assigned_total=self._assigned_total, rejected_total=self._rejected_total,
-            probe_failures_total=self._probe_failures_total, tickets_total=self._tickets_total,
-            backoff_streak=self._backoff_streak, last_retry_after_s=self._last_retry_after_s,
+            assigned_total=counts.assigned, rejected_total=counts.rejected,
+            probe_failures_total=counts.probe_failures, tickets_total=counts.tickets,
+            backoff_streak=self._backoff_streak, last_retry_after_s=self._retry.last_s,
             unreachable_replicas=self._cache.unreachable_count(),
             in_flight_by_replica=self._cache.in_flight_by_replica())
 
@@ -198,9 +194,9 @@ class Router:
     async def _wait_slot(self, model_id: str = "") -> ReplicaInfo:
         if self._closed is not None:
             raise RouterClosedError(self._config.deployment, self._closed)
-        self._arrivals.record_assignment(self._clock.monotonic())
+        self._retry.arrivals.record_assignment(self._clock.monotonic())
         if self._queued == 0:  # FIFO: nobody overtakes a waiter
-            replica = self._try_place(hint=None, among=self._holders.get(model_id))
+            replica = self._try_place(hint=None, among=self._members.holders.get(model_id))
             if replica is not None:
                 return replica
         limit = self._config.max_queued_requests
@@ -239,20 +235,10 @@ class Router:
     def _reject(self) -> BackpressureError:
         """O(1): counters and the pure Retry-After policy; no RPC, no lock."""
         config = self._config
-        value = retry_after_s(
-            config.retry_after_policy, queue_depth=self._queued, estimator=self._drain,
-            occupancy=self._cache.occupancy(config.max_ongoing_requests),
-            backoff_streak=self._backoff_streak, static_s=config.retry_after_s,
-            rng=self._rng, now=self._clock.monotonic(), arrivals=self._arrivals,
-            schedule=self._retries, demand=self._cluster,
-            demand_age_s=self._clock.monotonic() - self._cluster_at)
-        self._rejected_total += 1
-        self._last_retry_after_s = value
-        hint = "" if value is None else f"; retry after {value} s"
-        return BackpressureError(
-            config.status_code, value,
-            f"deployment {config.deployment} is overloaded: {self._queued} requests already "
-            f"queued (max_queued_requests={config.max_queued_requests}){hint}")
+        self._counts.rejected += 1
+        return self._retry.reject(config, self._queued,
+                                  self._cache.occupancy(config.max_ongoing_requests),
+                                  self._backoff_streak, self._rng, self._clock.monotonic())
 
     # ---- placement ---------------------------------------------------------------------
     def _try_place(self, hint: str | None, among: list[str] | None = None) -> ReplicaInfo | None:
@@ -278,9 +264,9 @@ class Router:
 
     def _reserve(self, replica_id: str, now: float) -> ReplicaInfo:
         self._cache.reserve(replica_id)
-        self._assigned_total += 1
-        self._drain.record_assignment(now)
-        return self._replicas[replica_id]
+        self._counts.assigned += 1
+        self._retry.drain.record_assignment(now)
+        return self._members.by_id[replica_id]
 
     def _load_of(self, replica_id: str) -> int | None:
         return self._cache.load_if_placeable(replica_id, self._config.max_ongoing_requests)
@@ -361,14 +347,14 @@ class Router:
         ids = self._cache.member_ids()
         for replica_id in sample_candidates(ids, None, self._rng, self._settings.max_pairs):
             if self._cache.accepts_requests(replica_id) and not self._cache.in_flight(replica_id):
-                self._tickets_total += 1
+                self._counts.tickets += 1
                 self._hand_to_head(self._reserve(replica_id, now))
                 return
 
     # ---- probes ------------------------------------------------------------------------
     def _start_probe(self, replica_id: str) -> None:
         self._cache.probe_started(replica_id)
-        task = asyncio.get_running_loop().create_task(self._probe(self._replicas[replica_id]))
+        task = asyncio.get_running_loop().create_task(self._probe(self._members.by_id[replica_id]))
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
@@ -379,7 +365,7 @@ class Router:
             queue_len = await asyncio.wait_for(
                 self._transport.probe_queue_len(replica, deadline_s), deadline_s)
         except Exception as e:  # outermost frame of an owned task: count, log, carry on
-            self._probe_failures_total += 1
+            self._counts.probe_failures += 1
             logger.debug("queue-length probe of %s failed: %r", replica_id, e)
             self._cache.probe_failed(replica_id, self._clock.monotonic(),
                                      unreachable=isinstance(e, ReplicaUnavailableError))

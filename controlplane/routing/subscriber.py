@@ -3,10 +3,8 @@ controller (routes) and the shards (replica sets). Used by proxies and handles; 
 here runs per request.
 
 A target (the controller, or shard i) that cannot be reached keeps its last routes and
-replica sets and is retried with backoff (``ErrorBackoff``: 0.5 s doubling to 10 s, with
-jitter so the proxies of a cluster do not retry in step, reset by one answer). One
-WARNING when a target becomes unreachable, one INFO when it answers again; every failure
-is counted (``statistics()``).
+replica sets and is retried with backoff (``reachability``); every failure is counted
+(``statistics()``).
 """
 
 from __future__ import annotations
@@ -15,33 +13,24 @@ import asyncio
 import logging
 import random
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
 
 from controlplane.clock import Clock, SystemClock
-from controlplane.routing.backoff import ErrorBackoff
+from controlplane.routing.reachability import Reachability, SubscriberStatistics
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.wire import (ROUTES_KEY, Deltas, RouterDemand, RoutesUpdate, RoutingUpdate,
                                apply_routing_delta)
 
 logger = logging.getLogger(__name__)
 
-# A controller restart takes seconds: retry soon, then every 10 s at most.
-RETRY_BACKOFF = ErrorBackoff(initial_s=0.5, max_s=10.0, jitter=0.2)
 CONTROLLER = "controller"
 DEMAND_REPORT_S = 1.0  # cluster_informed: a router's reports, while it has demand
 
 
 def shard_target(index: int) -> str:
     return f"shard {index}"
-
-
-@dataclass(frozen=True)
-class SubscriberStatistics:
-    failures_total: int  # failed long-poll calls (actor lookup included), all targets
-    unreachable: tuple[str, ...]  # targets whose last call failed, sorted
 
 
 class RoutingSubscriber:
@@ -62,14 +51,11 @@ class RoutingSubscriber:
         self._on_deployment = on_deployment
         self._on_routes = on_routes
         self._get_actor = get_actor
-        self._clock = clock
-        self._rng = rng if rng is not None else random.Random()
+        self._reach = Reachability(clock, rng if rng is not None else random.Random(), logger)
         self._known: dict[int, dict[str, int]] = {}  # shard -> {deployment key: version}
         self._held: dict[int, dict[str, Any]] = {}  # shard -> {key: payload held}
         self._num_shards = 0
         self._tasks: list[asyncio.Task] = []
-        self._backoffs: dict[str, ErrorBackoff] = {}  # target -> backoff, once it failed
-        self._failures_total = 0
         # cluster_informed: this process's routers' demand, sent to the owning shards
         self._demands = demands
         self._router_id = uuid.uuid4().hex[:12]
@@ -85,8 +71,7 @@ class RoutingSubscriber:
             task.cancel()
 
     def statistics(self) -> SubscriberStatistics:
-        return SubscriberStatistics(self._failures_total, tuple(sorted(
-            target for target, backoff in self._backoffs.items() if backoff.failing)))
+        return self._reach.statistics()
 
     async def _follow_routes(self) -> None:
         s = self._settings
@@ -96,9 +81,9 @@ class RoutingSubscriber:
                 controller = self._get_actor(s.controller_name, namespace=s.namespace)
                 changes = await controller.listen_routes.remote({ROUTES_KEY: version})
             except Exception as e:  # controller restarting: keep the last routes, retry
-                await self._wait_retry(CONTROLLER, e)
+                await self._reach.wait_retry(CONTROLLER, e)
                 continue
-            self._reached(CONTROLLER)
+            self._reach.reached(CONTROLLER)
             if ROUTES_KEY in changes:
                 version, payload = changes[ROUTES_KEY]
                 self._apply_routes(payload)
@@ -125,9 +110,9 @@ class RoutingSubscriber:
                 known = dict(self._known[index])
                 changes = await shard.listen_routing.remote(known, True)
             except Exception as e:
-                await self._wait_retry(shard_target(index), e)
+                await self._reach.wait_retry(shard_target(index), e)
                 continue
-            self._reached(shard_target(index))
+            self._reach.reached(shard_target(index))
             for key, (version, payload) in changes.items():
                 if isinstance(payload, Deltas):
                     payload = self._apply_deltas(index, key, payload)
@@ -179,25 +164,3 @@ class RoutingSubscriber:
             shard.report_router_demand.remote(tuple(key.split("/", 1)), self._router_id, demand)
             sent += 1
         return sent
-
-    async def _wait_retry(self, target: str, error: Exception) -> None:
-        """Count a failed call, log it if ``target`` just became unreachable, and wait
-        out its backoff."""
-        backoff = self._backoffs.get(target, RETRY_BACKOFF)
-        now = self._clock.monotonic()
-        failed = self._backoffs[target] = backoff.with_failure(now, repr(error), self._rng)
-        self._failures_total += 1
-        if not backoff.failing:
-            logger.warning("routing: %s unreachable (%r); keeping the last routes, retrying "
-                           "with backoff up to %gs", target, error, failed.max_s)
-        else:
-            logger.debug("routing: %s still unreachable (%d failures): %r", target,
-                         failed.failures, error)
-        await asyncio.sleep(failed.retry_at - now)
-
-    def _reached(self, target: str) -> None:
-        backoff = self._backoffs.get(target)
-        if backoff is not None and backoff.failing:
-            self._backoffs[target] = backoff.cleared()
-            logger.info("routing: %s reachable again after %d failed calls", target,
-                        backoff.failures)

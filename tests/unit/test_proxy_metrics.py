@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from controlplane.ingress.proxy_metrics import ProxyMetrics
-from controlplane.routing.subscriber import SubscriberStatistics
+from controlplane.routing.reachability import SubscriberStatistics
 
 
 def test_long_poll_failures_and_unreachable_targets_are_exported_once_serving():

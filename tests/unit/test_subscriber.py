@@ -15,7 +15,8 @@ from typing import Any, Callable
 import pytest
 
 from controlplane.clock import FakeClock
-from controlplane.routing.subscriber import RoutingSubscriber, SubscriberStatistics
+from controlplane.routing.reachability import SubscriberStatistics
+from controlplane.routing.subscriber import RoutingSubscriber
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.wire import ROUTES_KEY, ReplicaInfo, RoutesUpdate, RoutingUpdate
 from tests.unit.virtual_time import run_virtual

@@ -1,0 +1,37 @@
+"""A router's placeable replicas, as the owning shard last pushed them: by id, and by the
+multiplexed models each holds (a request for a model goes first to a holder with room).
+
+Rebuilt only when a push brings another replica tuple: a push that changed only the
+deployment's limits or its cluster total keeps the tuple it had, and the rebuild is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from controlplane.wire import ReplicaInfo
+
+
+class ReplicaMembers:
+    def __init__(self) -> None:
+        self.by_id: dict[str, ReplicaInfo] = {}
+        self.holders: dict[str, list[str]] = {}  # multiplexed model id -> replica ids
+        self._pushed: tuple | None = None  # the last push's tuple, to skip a rebuild
+
+    def take_push(self, replicas: tuple) -> bool:
+        """Whether a push's ``replicas`` are news (another tuple than the last push's)."""
+        if replicas is self._pushed:
+            return False
+        self._pushed = replicas
+        return True
+
+    def replace(self, replicas: Iterable[ReplicaInfo]) -> None:
+        """The placeable set is now ``replicas``."""
+        self.by_id = {r.replica_id: r for r in replicas}
+        self.holders = {}
+        for r in self.by_id.values():
+            for model_id in r.model_ids:
+                self.holders.setdefault(model_id, []).append(r.replica_id)
+
+    def __len__(self) -> int:
+        return len(self.by_id)
