@@ -95,10 +95,6 @@ class HealthPusher:
         if payload in self._in_flight:
             self._in_flight.remove(payload)
 
-    @property
-    def heartbeats_in_flight(self) -> int:
-        return len(self._in_flight)
-
     def _was_carried(self, pushed: PushedHealth) -> bool:
         carried = self._carried_checked_at
         return carried is not None and pushed.checked_at <= carried

