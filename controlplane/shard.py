@@ -8,6 +8,9 @@ counters (``HealthTotals``) are shard-wide, so a deleted deployment never takes 
 with it. Every background task is owned by the shard (kept in ``_tasks``, errors
 logged with the deployment they belong to), so nothing runs unowned.
 
+The shard's own work (ticks, slices, and the bookkeeping steps that must stay rare) is
+counted in one ``WorkTotals``, exported in status beside the health counters.
+
 A deployment whose tick raises is backed off (``ErrorBackoff``: 0.1 s doubling to 30 s on
 the shard's clock, reset by one clean tick) while the others keep ticking; each raise is
 counted in ``tick_errors_total`` and its traceback logged only when the error changes.
@@ -21,14 +24,15 @@ import time
 from typing import Any, Callable, Coroutine
 
 from controlplane.clock import Clock, SystemClock
+from controlplane.deployment.replica_ops import OpsContext, ReplicaOps
 from controlplane.deployment.state import DeploymentState
+from controlplane.deployment.work import WorkTotals
 from controlplane.ingress.haproxy.deregister import IngressDeregistrar
 from controlplane.health.stats import HealthTotals
 from controlplane.long_poll import LongPollHost
 from controlplane.plan_freeze import NoFreeze, PlanFreeze
 from controlplane.priority import take_control_priority
 from controlplane.replica_client import RayReplicaClient, ReplicaClient
-from controlplane.deployment.replica_ops import ReplicaOps
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
@@ -51,23 +55,20 @@ class ShardCore:
         # freezes after slices; elsewhere (unit tests) Python's collector as it is
         self.collector = collector if collector is not None else NoFreeze()
         self._settings = settings
-        self._client = client
-        self._ingress = ingress  # haproxy mode's phase 1 of a stop (IngressDeregistrar)
-        self._clock = clock
+        self.work = WorkTotals()
+        self.health_totals = HealthTotals()
+        self._ops = OpsContext(client, clock, self._spawn, shard_actor_name(index), settings,
+                               ingress, self.work)
         self._deployments: dict[DeploymentId, DeploymentState] = {}
         # The same states by the (app, name) tuple replicas report with: a C-level hash
-        # per report, where a DeploymentId's is interpreted (issue 13).
+        # per report, where a DeploymentId's is interpreted.
         self._by_key: dict[tuple[str, str], DeploymentState] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()  # every task the shard runs, the loop's too
         self._loop_task: asyncio.Task | None = None
         self.routing = LongPollHost()  # key: str(DeploymentId) -> routing payload
-        self.health_totals = HealthTotals()
         self._tick_backoffs: dict[DeploymentId, ErrorBackoff] = {}  # ticks that raised
         self._drains: dict[str, float] = {}  # draining node -> deadline (this clock)
-        self.ticks = 0
-        self.last_tick_s = 0.0
         self._slice: asyncio.Handle | None = None  # the next slice, when one is due
-        self.slices = 0  # slices run after ticks (a big plan's remainder)
         self.slice_observer: Callable[[float], None] | None = None  # each slice's seconds
 
     def _spawn(self, coro: Coroutine) -> asyncio.Task:
@@ -82,12 +83,9 @@ class ShardCore:
             logger.error("shard %d task failed", self.index, exc_info=task.exception())
 
     def _new_state(self, spec: DeploymentSpec) -> DeploymentState:
-        name = shard_actor_name(self.index)
-        return DeploymentState(
-            spec, self._settings.shard, self._spawn,
-            lambda d: ReplicaOps(d, self._client, self._clock, name, self._settings.namespace,
-                                 self._settings.replica, self._ingress),
-            totals=self.health_totals)
+        return DeploymentState(spec, self._settings.shard,
+                               lambda d: ReplicaOps(d, self._ops),
+                               totals=self.health_totals, work=self.work)
 
     def apply(self, specs: list[DeploymentSpec], deleted: list[DeploymentId]) -> None:
         for spec in specs:
@@ -130,7 +128,7 @@ class ShardCore:
 
     def tick(self) -> None:
         started = time.perf_counter()
-        now = self._clock.monotonic()
+        now = self._ops.clock.monotonic()
         for dep_id, state in list(self._deployments.items()):
             if not self._tick_deployment(dep_id, state, now):
                 continue
@@ -141,13 +139,13 @@ class ShardCore:
                 self.routing.remove(str(dep_id))
                 continue
             self._publish(dep_id, state)
-        self.ticks += 1
-        self.last_tick_s = time.perf_counter() - started
+        self.work.ticks += 1
+        self.work.last_tick_s = time.perf_counter() - started
         self._schedule_slice()
         self.collector.at_tick(self._slice is not None, now)
 
     def _publish(self, dep_id: DeploymentId, state: DeploymentState) -> None:
-        update = state.routing_update(self._clock.monotonic())
+        update = state.routing_update(self._ops.clock.monotonic())
         if isinstance(update, RoutingDelta):
             self.routing.publish_delta(str(dep_id), update, apply_routing_delta)
         elif update is not None:
@@ -163,18 +161,18 @@ class ShardCore:
     def _run_slice(self) -> None:
         self._slice = None
         started = time.perf_counter()
-        now = self._clock.monotonic()
+        now = self._ops.clock.monotonic()
         for dep_id, state in list(self._deployments.items()):
             if not state.more_now:
                 continue
             try:
                 state.continue_slice(now)
             except Exception as e:  # as a failed tick: counted, logged, backed off
-                state.more_now = False
+                state.end_slices()
                 self._tick_failed(dep_id, self._tick_backoffs.get(dep_id, _TICK_BACKOFF), e, now)
                 continue
             self._publish(dep_id, state)
-        self.slices += 1
+        self.work.slices += 1
         self.collector.after_slice(now)
         if self.slice_observer is not None:
             self.slice_observer(time.perf_counter() - started)
@@ -212,7 +210,7 @@ class ShardCore:
                          self.index, dep_id, failed.failures, text)
 
     def now(self) -> float:
-        return self._clock.monotonic()
+        return self._ops.clock.monotonic()
 
     def deployment(self, dep_id: DeploymentId) -> DeploymentState | None:
         return self._deployments.get(dep_id)
@@ -225,17 +223,17 @@ class ShardCore:
             return self._deployments.get(DeploymentId(*key))
 
     def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
-        try:  # ``_reported``, inline: this is once per replica report
+        try:  # ``_reported``, inline: once per replica report
             state = self._by_key.get(key)
         except TypeError:
             state = self._reported(key)
         if state is not None:
-            state.record_metrics(report, self._clock.monotonic())
+            state.record_metrics(report, self._ops.clock.monotonic())
 
     def report_batch(self, batch: Batch) -> None:
-        """A node reporter's batch: many replicas' reports, one call (issue 13). Rows of
-        deployments this shard does not own (any more) are dropped, as single reports are."""
-        now = self._clock.monotonic()
+        """A node reporter's batch: many replicas' reports, one call. Rows of deployments
+        this shard does not own (any more) are dropped, as single reports are."""
+        now = self._ops.clock.monotonic()
         self.health_totals.batches_total += 1
         for key, rows in batch.items():
             state = self._reported(key)
@@ -247,7 +245,7 @@ class ShardCore:
         """A router's queue and rates (``cluster_informed``), at most once a second."""
         state = self._reported(key)
         if state is not None:
-            state.record_router_demand(router_id, demand, self._clock.monotonic())
+            state.record_router_demand(router_id, demand, self._ops.clock.monotonic())
 
     def report_model_ids(self, key: tuple[str, str], replica_id: str,
                          ids: tuple[str, ...]) -> None:
@@ -259,23 +257,24 @@ class ShardCore:
         """A heartbeat: pushed health without a metric report."""
         state = self._reported(key)
         if state is not None:
-            state.record_push(replica_id, health, self._clock.monotonic(), via_heartbeat=True)
+            state.record_heartbeat(replica_id, health, self._ops.clock.monotonic())
 
     def status(self, summary: bool = False, app: str | None = None,
                deployment: str | None = None) -> dict:
         """Owned deployments' entries; with ``app``/``deployment`` only those (no row is
         built for the others); ``summary``: without replica rows, O(1) each."""
-        now = self._clock.monotonic()
+        now = self._ops.clock.monotonic()
         chosen = [(k, s) for k, s in self._deployments.items()
                   if app in (None, k.app) and deployment in (None, k.name)]
         return {
             "index": self.index,
             "deployments": {str(k): s.summary(now) if summary else s.status(now)
                             for k, s in chosen},
-            "ticks": self.ticks,
+            "ticks": self.work.ticks,
             "tick_errors_total": self.health_totals.tick_errors_total,
-            "last_tick_ms": round(self.last_tick_s * 1000, 3),
+            "last_tick_ms": round(self.work.last_tick_s * 1000, 3),
             "health": self.health_totals.statistics(now),
+            "work": self.work.as_json(),
             "deployments_owned": len(self._deployments),  # filtered or not
         }
 
@@ -284,13 +283,13 @@ class ShardCore:
         for state in self._deployments.values():
             state.delete()
         self.ensure_running()
-        deadline = self._clock.monotonic() + timeout_s
-        while self._deployments and self._clock.monotonic() < deadline:
+        deadline = self._ops.clock.monotonic() + timeout_s
+        while self._deployments and self._ops.clock.monotonic() < deadline:
             await asyncio.sleep(self._settings.shard.tick_interval_s)
         drained = not self._deployments
         for state in self._deployments.values():  # past the deadline: no replica outlives us
-            for handle in state.handles():
-                self._client.kill(handle)
+            for handle in state.book.handles():
+                self._ops.client.kill(handle)
         return drained
 
 

@@ -8,8 +8,11 @@ actor by its import path, ``REPLICA_ACTOR_CLASS``; the controller the node repor
 ``START_REPORTERS``). ``tests/unit/test_layering.py``
 keeps it so.
 
-Every type is a frozen dataclass of plain values, so it pickles through Ray. A new field
-gets a default, so an older sender stays valid during a rolling upgrade.
+Every type is a frozen dataclass or a ``NamedTuple`` of plain values, so it pickles through
+Ray. The ``NamedTuple``s are the messages made once per replica start or report
+(``ReplicaInit``, ``ReplicaInfo``, ``ReportRow``): a tuple is built in one C call where a
+frozen dataclass sets each field through ``object.__setattr__``. A new field gets a
+default, so an older sender stays valid during a rolling upgrade.
 
 | message | from -> to | carried by |
 |---|---|---|
@@ -29,15 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # The replica actor the shard starts (``module:Class``), resolved when the shard's
 # replica client is built: the control plane names it and never imports it.
 REPLICA_ACTOR_CLASS = "replicas.replica:Replica"
 # What the controller calls to create node reporters (``module:function``), the same way.
 START_REPORTERS = "replicas.node_reporter:start_reporters"
-# builds a frozen dataclass without its __init__ (``ReplicaInit.for_replica``, ``ReplicaInfo.of``)
-_new_object = object.__new__
 
 
 @dataclass(frozen=True)
@@ -72,16 +73,17 @@ class DirectIngressInit:
     limits: HTTPLimits = HTTPLimits()  # the same limits as the proxy's
 
 
-@dataclass(frozen=True)
-class ReplicaInit:
-    """Everything a replica needs to construct the user's code and report to its shard."""
+class ReplicaInit(NamedTuple):
+    """Everything a replica needs to construct the user's code and report to its shard.
+    Who the replica is comes first: the rest is what every replica started from one spec
+    is told (``for_replica``)."""
 
     replica_id: str
+    rank: int
     app_name: str
     deployment: str
     serialized_def: bytes
     user_config: Any
-    rank: int
     max_ongoing_requests: int
     shard_name: str
     namespace: str
@@ -98,15 +100,9 @@ class ReplicaInit:
     report_batch_interval_s: float = 0.0
 
     def for_replica(self, replica_id: str, rank: int) -> ReplicaInit:
-        """A copy with another replica's id and rank. Everything else is shared by the
-        replicas a shard starts from one spec, so the shard builds it once, not one
-        18-field ``__init__`` per start (issue 16). The fields are set as the frozen
-        ``__init__`` sets them (``dataclasses.replace`` would run it again)."""
-        init = _new_object(ReplicaInit)
-        fields = init.__dict__
-        fields.update(self.__dict__)
-        fields["replica_id"], fields["rank"] = replica_id, rank
-        return init
+        """A copy with another replica's id and rank: the shard builds the rest once per
+        spec, not per start."""
+        return ReplicaInit(replica_id, rank, *self[2:])
 
 
 @dataclass(frozen=True)
@@ -174,8 +170,7 @@ class DeploymentRef:
     name: str
 
 
-@dataclass(frozen=True)
-class ReplicaInfo:
+class ReplicaInfo(NamedTuple):
     """One RUNNING replica, as routers see it."""
 
     replica_id: str
@@ -183,17 +178,6 @@ class ReplicaInfo:
     node_id: str | None = None
     http_address: str | None = None  # "host:port" of its direct ingress (haproxy mode)
     model_ids: tuple[str, ...] = ()  # multiplexed models it holds (Serve's @serve.multiplexed)
-
-    @staticmethod
-    def of(replica_id: str, actor_name: str, node_id: str | None, http_address: str | None,
-           model_ids: tuple[str, ...]) -> ReplicaInfo:
-        """``ReplicaInfo(...)`` at half the cost: the fields set as the frozen ``__init__``
-        sets them, without its five ``object.__setattr__`` calls (one per replica that
-        starts serving, issue 16)."""
-        info = _new_object(ReplicaInfo)
-        info.__dict__.update(replica_id=replica_id, actor_name=actor_name, node_id=node_id,
-                             http_address=http_address, model_ids=model_ids)
-        return info
 
 
 @dataclass(frozen=True)
@@ -309,12 +293,21 @@ class HTTPRequestData:
     client: tuple[str, int] | None = None
 
 
-# Node-batched reports (issue 13): one report as a plain tuple ``(replica_id, ongoing,
-# queued, healthy, checked_at, consecutive_failures, error)``, ``healthy`` None for a
-# report without health. Tuples of primitives pickle and load several times faster than
-# dataclasses, and a steady row is a few dozen bytes. A node reporter sends a shard one
-# ``Batch`` per interval: rows grouped by (app, deployment).
-ReportRow = tuple
+class ReportRow(NamedTuple):
+    """One replica's report in a node reporter's batch: a ``MetricReport`` flattened, so a
+    steady row is a few dozen bytes and loads without a dataclass per row. ``healthy`` is
+    None for a report without health (then the three health fields are unused)."""
+
+    replica_id: str
+    ongoing: int
+    queued: int
+    healthy: bool | None
+    checked_at: float
+    failures: int
+    error: str
+
+
+# A node reporter sends a shard one ``Batch`` per interval: rows grouped by (app, deployment).
 DeploymentKey = tuple[str, str]
 Batch = dict[DeploymentKey, list[ReportRow]]
 
@@ -322,15 +315,7 @@ Batch = dict[DeploymentKey, list[ReportRow]]
 def report_row(report: MetricReport) -> ReportRow:
     h = report.health
     if h is None:
-        return (report.replica_id, report.ongoing_requests, report.queued_requests,
-                None, 0.0, 0, "")
-    return (report.replica_id, report.ongoing_requests, report.queued_requests,
-            h.healthy, h.checked_at, h.consecutive_failures, h.error)
-
-
-def row_report(row: ReportRow) -> MetricReport:
-    """The report a row carries: ``report_row``'s inverse (the shard reads rows as
-    tuples; this is for tools and tests)."""
-    replica_id, ongoing, queued, healthy, checked_at, failures, error = row
-    health = None if healthy is None else PushedHealth(healthy, checked_at, failures, error)
-    return MetricReport(replica_id, ongoing, queued, health)
+        return ReportRow(report.replica_id, report.ongoing_requests, report.queued_requests,
+                         None, 0.0, 0, "")
+    return ReportRow(report.replica_id, report.ongoing_requests, report.queued_requests,
+                     h.healthy, h.checked_at, h.consecutive_failures, h.error)

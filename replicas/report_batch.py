@@ -59,7 +59,7 @@ class ReportBatcher:
         queue = self._shards.get(shard)
         if queue is None:
             queue = self._shards[shard] = _ShardQueue({})
-        queue.pending[row[0]] = (key, row)
+        queue.pending[row.replica_id] = (key, row)
         self.rows_total += 1
 
     def pending(self, shard: str) -> int:
@@ -86,7 +86,7 @@ class ReportBatcher:
         queue = self._shards[shard]
         queue.in_flight_since = None
         self.failed_batches_total += 1
-        merged = {row[0]: (key, row) for key, rows in batch.items() for row in rows}
+        merged = {row.replica_id: (key, row) for key, rows in batch.items() for row in rows}
         merged.update(queue.pending)
         queue.pending = merged
 

@@ -1,8 +1,8 @@
 """RUNNING replicas by code version, in the order a rollout retires them: highest rank
 first (``reconcile._stop_order``), ties in record order. Kept by ``ReplicaSet``.
 
-Why (issues 13 and 16): every tick of a rolling update planned over a snapshot and sort of
-every replica (40-49 ms at 16K). With this index the plan picks the k replicas to retire
+Why: every tick of a rolling update planned over a snapshot and sort of every replica
+(40-49 ms at 16K). With this index the plan picks the k replicas to retire
 in O(k log N), from counts for everything else (``count_plan``).
 
 Invariants:
@@ -20,7 +20,7 @@ Invariants:
   query are put in order by the next ``highest``, sifted in one by one when few, else by
   one ``heapify`` (O(n)). A scale-up gives each new replica the highest rank yet, the
   heap's new top, so sifting each in on its push cost a full O(log N) climb per start,
-  for a query that may never come (issue 16).
+  for a query that may never come.
 """
 
 from __future__ import annotations
@@ -28,17 +28,19 @@ from __future__ import annotations
 import heapq
 from typing import Callable
 
+from controlplane.deployment.work import WorkTotals
+
 Entry = tuple[int, int, str]  # (-rank, insert_seq, replica_id)
 _SLACK = 64
 
 
 class RunningRankIndex:
-    def __init__(self, is_live: Callable[[Entry, str], bool]) -> None:
+    def __init__(self, is_live: Callable[[Entry, str], bool],
+                 work: WorkTotals | None = None) -> None:
         self._is_live = is_live  # (entry, version) -> still a RUNNING record as pushed
         self._heaps: dict[str, list[Entry]] = {}
         self._ordered: dict[str, int] = {}  # a version's heap is in order up to here
-        self.heapified = 0  # heaps ordered whole (unit tests count them)
-        self.sifted = 0  # entries sifted in one by one (idem)
+        self._work = work if work is not None else WorkTotals()
 
     def push(self, version: str, rank: int | None, seq: int, replica_id: str,
              live_count: int) -> None:
@@ -57,13 +59,13 @@ class RunningRankIndex:
             pass
         elif appended * 8 >= len(heap):  # many: one O(n) heapify beats k O(log n) climbs
             heapq.heapify(heap)
-            self.heapified += 1
+            self._work.rank_heaps_ordered += 1
         else:
             tail = heap[ordered:]
             del heap[ordered:]
             for entry in tail:
                 heapq.heappush(heap, entry)
-            self.sifted += appended
+            self._work.rank_entries_sifted += appended
         self._ordered[version] = len(heap)
 
     def highest(self, exclude_version: str | None, k: int) -> list[str] | None:

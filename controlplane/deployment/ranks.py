@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from controlplane.deployment.lifecycle import ReplicaState
 from controlplane.deployment.replica_set import ReplicaSet
+from controlplane.deployment.work import WorkTotals
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +50,16 @@ class RankError(Exception):
 class RankManager:
     """Which replica of one deployment holds which rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: WorkTotals | None = None) -> None:
         self._rank_by_id: dict[str, int] = {}
         self._id_by_rank: dict[int, str] = {}
         # The lowest free rank in O(log N) amortized, not a scan from 0 per start (that
-        # made a scale-up O(N^2), issue 16): every free rank below ``_next`` is in the
-        # heap ``_free`` (which may also hold ranks taken since: skipped when popped);
-        # ranks from ``_next`` up are free unless ``adopt`` took one (skipped too).
+        # made a scale-up O(N^2)): every free rank below ``_next`` is in the heap
+        # ``_free`` (which may also hold ranks taken since: skipped when popped); ranks
+        # from ``_next`` up are free unless ``adopt`` took one (skipped too).
         self._free: list[int] = []
         self._next = 0
-        self.probes = 0  # ranks looked at by assign (unit tests pin it O(1) amortized)
+        self._work = work if work is not None else WorkTotals()  # rank_probes
 
     def assign(self, replica_id: str) -> int:
         """Give ``replica_id`` the lowest free rank; a replica that has one keeps it."""
@@ -70,13 +71,14 @@ class RankManager:
         return rank
 
     def _lowest_free(self) -> int:
+        work = self._work
         while self._free:
-            self.probes += 1
+            work.rank_probes += 1
             rank = heapq.heappop(self._free)
             if rank not in self._id_by_rank:
                 return rank
         while True:
-            self.probes += 1
+            work.rank_probes += 1
             rank, self._next = self._next, self._next + 1
             if rank not in self._id_by_rank:
                 return rank

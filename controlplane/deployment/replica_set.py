@@ -34,6 +34,7 @@ from controlplane.deployment.lifecycle import (
     next_state,
 )
 from controlplane.deployment.rank_index import RunningRankIndex
+from controlplane.deployment.work import WorkTotals
 
 _MOD = 2**64
 RUNNING = ReplicaState.RUNNING
@@ -41,7 +42,7 @@ RUNNING = ReplicaState.RUNNING
 
 class ReplicaRecord(NamedTuple):
     """Immutable; a NamedTuple rather than a frozen dataclass because one is made per
-    transition and a tuple is built ~2.5x faster (issue 16)."""
+    transition and a tuple is built ~2.5x faster."""
 
     replica_id: str
     state: ReplicaState
@@ -58,10 +59,9 @@ class ReplicaRecord(NamedTuple):
         return self.with_fields(state, changes)
 
     def with_fields(self, state: ReplicaState, changes: dict[str, object]) -> ReplicaRecord:
-        """``with_state`` with the changes as a dict, passed on as is: a transition hands
-        its changes down three calls, and ``**`` would copy them at each (issue 16).
-        ``_replace(state=state, **changes)``, in half its time: by field index, not a
-        ``kwargs.pop`` per field."""
+        """``with_state`` with the changes as a dict, passed on as is (``**`` would copy
+        them at each call they go through). ``_replace(state=state, **changes)``, in half
+        its time: by field index, not a ``kwargs.pop`` per field."""
         values = list(self)
         values[1] = state
         for name, value in changes.items():
@@ -74,6 +74,23 @@ class ReplicaRecord(NamedTuple):
 
 _FIELD_INDEX = {name: i for i, name in enumerate(ReplicaRecord._fields)}
 _new_tuple = tuple.__new__
+
+
+class Moved(NamedTuple):
+    """One lifecycle event applied to a replica (``ReplicaBook.apply``), as each owner of
+    the deployment hears it. ``was`` is None for a replica taken over alive (re-adopted);
+    ``record`` is the record after the event (for a terminal state, the last one, with
+    that state: it has left the set)."""
+
+    replica_id: str
+    was: ReplicaState | None
+    record: ReplicaRecord
+    now: float
+
+    @property
+    def started(self) -> bool:
+        """A start finished: STARTING to RUNNING."""
+        return self.was is ReplicaState.STARTING and self.record[1] is RUNNING
 
 
 def _bump(counts: dict, key: object, by: int) -> int:
@@ -94,25 +111,25 @@ def _serving_term(record: ReplicaRecord) -> int:
 class ReplicaSet:
     """The live replicas of one deployment, bucketed by state, with O(1) counts."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: WorkTotals | None = None) -> None:
+        self._work = work if work is not None else WorkTotals()
         self._records: dict[str, ReplicaRecord] = {}
         self._buckets: dict[ReplicaState, dict[str, ReplicaRecord]] = {
             state: {} for state in ReplicaState
         }
         self._fingerprint = 0
         # Of the serving replicas alone: STARTING/STOPPING churn leaves it unchanged, so
-        # routing (keyed on it) is not rebuilt on a tick where only that moved (issue 13).
+        # the running-id memo (keyed on it) is not rebuilt when only that moved.
         self._serving_fingerprint = 0
         # Serving records that changed since the last ``take_serving_changes`` (None: it
-        # left the serving states): routing's deltas, O(changes) (issue 13).
+        # left the serving states): routing's deltas, O(changes).
         self._serving_changes: dict[str, ReplicaRecord | None] = {}
         self._versions: dict[str, int] = {}  # code version -> records running it
         self._state_versions: dict[tuple[ReplicaState, str], int] = {}
         self._seq = 0  # insertions so far: a record's latest one orders the records
         self._insert_seq: dict[str, int] = {}
-        self._ranked = RunningRankIndex(self._live_entry)
+        self._ranked = RunningRankIndex(self._live_entry, self._work)
         self._running_memo: tuple[int, frozenset[str]] | None = None  # (fingerprint, ids)
-        self.memo_recomputes = 0
 
     # -- membership -------------------------------------------------------------------
 
@@ -158,7 +175,7 @@ class ReplicaSet:
 
     def _move(self, old: ReplicaRecord, new: ReplicaRecord) -> None:
         """``_discard(old)`` then ``_insert(new)`` for a record that keeps its version (a
-        transition): the per-version count stands, the rest in one pass (issue 16)."""
+        transition): the per-version count stands, the rest in one pass."""
         rid, was, state = old[0], old[1], new[1]
         records, buckets = self._records, self._buckets
         del records[rid]
@@ -185,7 +202,7 @@ class ReplicaSet:
 
     def _insert(self, record: ReplicaRecord) -> None:
         # Plain dicts and locals, counts bumped inline (an increment never empties one):
-        # this and ``_discard`` run on every transition (issue 16).
+        # this and ``_discard`` run on every transition.
         rid, state, version = record[0], record[1], record[2]
         self._records[rid] = record
         self._buckets[state][rid] = record
@@ -268,11 +285,6 @@ class ReplicaSet:
     def fingerprint(self) -> int:
         return self._fingerprint
 
-    @property
-    def serving_fingerprint(self) -> int:
-        """Changes when the serving set, or what routers see of one of its replicas, does."""
-        return self._serving_fingerprint
-
     # -- the memo -----------------------------------------------------------------------
 
     def running_ids(self) -> frozenset[str]:
@@ -280,7 +292,7 @@ class ReplicaSet:
         memo = self._running_memo
         if memo is not None and memo[0] == self._serving_fingerprint:
             return memo[1]
-        self.memo_recomputes += 1
+        self._work.running_sets_built += 1
         ids = self.ids_in(*SERVING_STATES)
         self._running_memo = (self._serving_fingerprint, ids)
         return ids

@@ -1,17 +1,20 @@
 """What routers learn of one deployment: its serving replicas (with the multiplexed models
-each holds) and its limits, published only when they changed.
+each holds), its limits and, for ``cluster_informed``, the routers' total demand;
+published only when they changed.
 
 Owned by ``DeploymentState``; the shard publishes ``update(...)`` each tick: O(1) when
 nothing changed, a ``RoutingDelta`` of the serving replicas that moved (O(changes)) when
 only membership did, the whole ``RoutingUpdate`` (O(replicas), rare) the first time and
-when limits or a replica's models changed.
+when limits or a replica's models changed. The routers' demand and the start times it is
+forecast from live on the ``DemandBoard`` this object owns.
 """
 
 from __future__ import annotations
 
-from controlplane.deployment.replica_set import ReplicaRecord, ReplicaSet
+from controlplane.deployment.demand_board import DemandBoard
+from controlplane.deployment.replica_set import Moved, ReplicaRecord, ReplicaSet
 from controlplane.specs import DeploymentSpec
-from controlplane.wire import ClusterDemand, ReplicaInfo, RoutingDelta, RoutingUpdate
+from controlplane.wire import ClusterDemand, ReplicaInfo, RouterDemand, RoutingDelta, RoutingUpdate
 
 
 class DeploymentRouting:
@@ -21,6 +24,14 @@ class DeploymentRouting:
         self._model_ids: dict[str, tuple[str, ...]] = {}  # multiplexed models, by replica
         self._models_version = 0
         self._demand: ClusterDemand | None = None  # the last cluster total published
+        self.demand = DemandBoard()  # cluster_informed: the routers' reports, start times
+
+    def replica_moved(self, moved: Moved) -> None:
+        if moved.started:
+            self.demand.note_start(moved.now - moved.record.started_at)
+
+    def record_router_demand(self, router_id: str, demand: RouterDemand, now: float) -> None:
+        self.demand.record(router_id, demand, now)
 
     def model_ids(self, replica_id: str) -> tuple[str, ...]:
         """The multiplexed models a replica reported holding (status shows them)."""
@@ -35,11 +46,13 @@ class DeploymentRouting:
             self._models_version += 1
 
     def update(self, spec: DeploymentSpec, replicas: ReplicaSet,
-               demand: ClusterDemand | None = None) -> RoutingUpdate | RoutingDelta | None:
+               now: float) -> RoutingUpdate | RoutingDelta | None:
         """What routers need, if it changed since the last call: the whole update the
         first time and when limits or models changed (O(replicas), rare), else a delta of
-        the serving replicas that joined, changed or left (O(changes)), else None.
-        ``demand``: a new cluster total to send (``demand_board``)."""
+        the serving replicas that joined, changed or left (O(changes)), with a new cluster
+        total when due (``cluster_informed`` only), else None."""
+        informed = spec.backpressure_config.get("retry_after_policy") == "cluster_informed"
+        demand = self.demand.to_publish(now, replicas) if informed else None
         if demand is not None:
             self._demand = demand
         limits = (spec.max_ongoing_requests, spec.max_queued_requests,
@@ -62,8 +75,8 @@ class DeploymentRouting:
         return RoutingDelta(tuple(added), tuple(removed), demand)
 
     def _info(self, r: ReplicaRecord) -> ReplicaInfo:
-        return ReplicaInfo.of(r.replica_id, r.actor_name, r.node_id, r.http_address,
-                              self._model_ids.get(r.replica_id, ()))
+        return ReplicaInfo(r.replica_id, r.actor_name, r.node_id, r.http_address,
+                           self._model_ids.get(r.replica_id, ()))
 
     def _full(self, spec: DeploymentSpec, replicas: ReplicaSet) -> RoutingUpdate:
         serving = [replicas.get(i) for i in sorted(replicas.running_ids())]

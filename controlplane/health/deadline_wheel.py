@@ -3,7 +3,7 @@
 Owns ``DeadlineQueue``: at most one pending deadline per key, ``schedule`` replacing it,
 ``pop_due(now)`` returning the keys whose deadline is at or before ``now``, oldest first.
 
-Why not a heap (issue 13): with one push per replica per period moving each replica's
+Why not a heap: with one push per replica per period moving each replica's
 visit forward, a heap of ``(float, str)`` with lazy deletion held about N entries and
 ``pop_due`` was a quarter of a 16K tick. Here a deadline lives in the bucket of its
 ``BUCKET_S``-wide slice of time (a dict per bucket), so moving it is two dict operations,
@@ -21,7 +21,7 @@ Invariants:
 Beside the wheel, a line: deadlines given by ``schedule_in_order`` come no earlier than
 the one before (a push's arrival time plus a fixed staleness window), so an ordered dict
 keeps them sorted by moving a key to its end, two C-level operations, where the wheel's
-``schedule`` is a dozen interpreted ones (issue 13: a third of a steady push at 16K). A
+``schedule`` is a dozen interpreted ones (they were a third of a steady push at 16K). A
 key is in at most one of the two; ``pop_due`` merges what is due in both.
 """
 
@@ -73,15 +73,23 @@ class DeadlineQueue:
                 del self._buckets[index][key]
         line[key] = at
 
-    def line_for(self, at: float) -> OrderedDict[str, float] | None:
-        """``schedule_in_order`` for many keys at one ``at`` (a node batch, issue 13): the
-        line, which takes a key already in it as ``move_to_end(key)`` then ``line[key] =
-        at``; any other key goes through ``schedule_in_order``. None when ``at`` is before
-        the line's tail: ``schedule_in_order`` each then."""
+    def schedule_all_in_order(self, keys: list[str], at: float) -> None:
+        """``schedule_in_order`` of each of ``keys`` at one ``at`` (a node batch's steady
+        pushes): one call, not one per key."""
         if at < self._line_tail:
-            return None
+            for key in keys:
+                self.schedule(key, at)
+            return
         self._line_tail = at
-        return self._line
+        line, bucket_of, buckets = self._line, self._bucket_of, self._buckets
+        for key in keys:
+            if key in line:
+                line.move_to_end(key)
+            else:
+                index = bucket_of.pop(key, None)
+                if index is not None:
+                    del buckets[index][key]
+            line[key] = at
 
     def schedule(self, key: str, at: float) -> None:
         self._line.pop(key, None)

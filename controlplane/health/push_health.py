@@ -2,9 +2,10 @@
 
 Owns: the ``GateState`` of each watched replica, the deadline queue of replica visits,
 and the wiring of the push registry, the stall guard and the pure rules of
-``gate``. The deployment shell feeds it pushes and probe results and carries out
-the actions it returns (``ProbeReplica``, ``ApplyHealth``, ``ReplaceUnhealthy``,
-``ReplicaCrashed``). The health rules decide here, not in the shell: a replica whose
+``gate``. The deployment's conductor feeds it pushes and probe results, tells it of each
+replica's lifecycle moves (``replica_moved``: it watches serving replicas) and carries
+out the actions it returns (``ProbeReplica``, ``ApplyHealth``, ``ReplaceUnhealthy``,
+``ReplicaCrashed``). The health rules decide here, not in the conductor: a replica whose
 consecutive failures reach ``unhealthy_threshold`` is replaced, and the deployment is
 ``unhealthy`` from a replacement for cause until it is back at its target.
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controlplane.deployment.lifecycle import SERVING_STATES
+from controlplane.deployment.replica_set import Moved
 from controlplane.health.deadline_wheel import DeadlineQueue
 from controlplane.health.gate import (Apply, Defer, GateState, ProbeOutcome, StartProbe,
                                              UsePush, Wait, consume_push, decide, push_is_stale,
@@ -32,7 +35,7 @@ from controlplane.health.gate import (Apply, Defer, GateState, ProbeOutcome, Sta
 from controlplane.health.stats import HealthTotals
 from controlplane.health.push_registry import HealthPushRegistry
 from controlplane.health.stall_guard import STOCK_HEALTH_CHECK_PERIOD_S, StallGuard
-from controlplane.wire import PushedHealth
+from controlplane.wire import PushedHealth, ReportRow
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,17 @@ class ReplicaCrashed:
 HealthAction = ProbeReplica | ApplyHealth | ReplaceUnhealthy | ReplicaCrashed
 
 
+@dataclass(frozen=True)
+class HealthView:
+    """A deployment's health as its status entry shows it."""
+
+    tracked: int  # replicas with a pushed entry (the stall guard's denominator)
+    stall_state: str
+    stall_held: int
+    unhealthy: bool  # replaced a replica for cause and not back at its target since
+    failing: int  # serving replicas whose last observation failed
+
+
 class DeploymentHealth:
     """Push-first health of one deployment's serving replicas."""
 
@@ -95,6 +109,9 @@ class DeploymentHealth:
         self.set_period(period_s)
         self._states: dict[str, GateState] = {}
         self._due = DeadlineQueue()
+        # Watched replicas whose last observation failed (status counts them in O(1)); a
+        # replica leaves it when it passes again or is no longer watched.
+        self._failing: set[str] = set()
 
     def set_period(self, period_s: float | None) -> None:
         """The deployment's health_check_period_s; None when unknown (stock period)."""
@@ -106,90 +123,66 @@ class DeploymentHealth:
     # ---- inputs ------------------------------------------------------------------------
     def record_push(self, replica_id: str, health: PushedHealth, received_at: float,
                     via_heartbeat: bool = False) -> None:
-        """A push arrived (on a metric report or a heartbeat); the next tick acts on it,
-        unless it is steady: healthy, to a replica whose last observation was healthy,
-        with no probe in flight. Then it is acted on here, touching one slot and the
-        replica's deadline: what the tick's ``consume_push`` would do (a healthy
-        ``UsePush`` that counts nothing and shows nothing new) and the visit ``decide``
-        would re-arm to (``Wait(stale_at)``), without the tick ever seeing it."""
+        """One push (on a metric report or a heartbeat): a batch of one through
+        ``take_steady``, else the general path (the next tick acts on it)."""
+        if not via_heartbeat and health.healthy is True and not self.take_steady(
+                [ReportRow(replica_id, 0, 0, True, health.checked_at, 0, "")], received_at):
+            return
         self.record_values(replica_id, health.healthy, health.checked_at,
                            health.consecutive_failures, health.error, received_at,
                            via_heartbeat)
 
-    def record_steady(self, replica_id: str, checked_at: float, received_at: float) -> bool:
-        """A healthy push acted on here if it is steady (see ``record_push``): its entry
-        advanced in place, its deadline moved; False, with nothing done, when it is not
-        (the tick then takes it)."""
-        state = self._states.get(replica_id)
-        if (state is None or state.failures or state.probe_started_at is not None
-                or state.push_received_at is None or received_at <= state.push_received_at
-                or (state.applied_probe_started_at is not None
-                    and received_at <= state.applied_probe_started_at)
-                or not self.registry.advance(replica_id, checked_at, received_at)):
-            return False
-        state.push_received_at = received_at
-        self._due.schedule_in_order(replica_id, received_at + self._stale_s)
-        return True
-
-    def take_steady(self, rows: list, received_at: float,
-                    taken: list | None = None) -> list:
-        """``record_steady`` of each healthy row of a node batch (all received at once), in
-        one loop over the structures their owners hand out for a batch (issue 13: a call
-        or two per row were half of its cost); the rows not taken, in order, for the
-        caller's general path (the malformed ones among them). ``taken``: the rows
-        taken are appended to it. Once a replica's row is left, so are its later ones:
-        each replica's rows still apply in the batch's order."""
-        at = received_at + self._stale_s
-        line = self._due.line_for(at)
-        if line is None:
-            return rows
-        registry = self.registry
-        entries, intervals = registry.entries, None
-        states, schedule, rest, count = self._states, self._due.schedule_in_order, [], 0
-        left: set[str] = set()
+    def take_steady(self, rows: list[ReportRow], received_at: float,
+                    taken: list[ReportRow] | None = None) -> list[ReportRow]:
+        """The one fast path of pushes, for a node batch (all received at once) or a single
+        push (a batch of one). A push is steady when it is healthy, to a replica whose last
+        observation was healthy, with no probe in flight, and newer than what was acted
+        on: then it is acted on here, as the tick's ``consume_push`` would (a healthy
+        ``UsePush`` that counts nothing and shows nothing new) with the visit ``decide``
+        would re-arm (``Wait(stale_at)``), in O(1) per push, without the tick seeing it.
+        The gate test is this object's, the entry's the registry's (``take_steady``).
+        Returns the rows not taken, in order, for the general path (malformed ones
+        among them); ``taken``: the rows taken are appended to it. Once a replica's row is
+        left, so are its later ones: each replica's rows apply in the batch's order."""
+        states, steady, rest, left = self._states, [], [], set()
         for row in rows:
-            try:  # record_steady's test, then registry.advance's
-                replica_id, _, _, healthy, checked_at, _, _ = row
-                state, entry = states.get(replica_id), entries.get(replica_id)
+            try:
+                replica_id, _, _, healthy, _, _, _ = row
+                state = states.get(replica_id)
                 if (healthy is not True or state is None or replica_id in left
-                        or state.failures
-                        or state.probe_started_at is not None
+                        or state.failures or state.probe_started_at is not None
                         or state.push_received_at is None
                         or received_at <= state.push_received_at
                         or (state.applied_probe_started_at is not None
-                            and received_at <= state.applied_probe_started_at)
-                        or entry is None or not entry.healthy
-                        or checked_at <= entry.checked_at):
+                            and received_at <= state.applied_probe_started_at)):
                     rest.append(row)
                     left.add(replica_id)
                     continue
             except (TypeError, ValueError):
                 rest.append(row)
                 continue
-            if intervals is None:  # at the first taken, as a push does: not for none
-                intervals = registry.steady_buffer(received_at)
-            interval = received_at - entry.received_at
-            intervals.append(interval if interval > 0.0 else 0.0)
-            entry.checked_at, entry.received_at = checked_at, received_at
-            state.push_received_at = received_at
-            if replica_id in line:
-                line.move_to_end(replica_id)
-                line[replica_id] = at
-            else:
-                schedule(replica_id, at)
-            count += 1
-            if taken is not None:
-                taken.append(row)
-        if count:
-            registry.steady_done(count)
+            left.add(replica_id)  # a second row of it in this batch is not steady
+            steady.append(row)
+        if not steady:
+            return rest
+        refused: list[ReportRow] = []
+        steady = self.registry.take_steady(steady, received_at, refused)
+        ids = []
+        for replica_id, _, _, _, _, _, _ in steady:
+            states[replica_id].push_received_at = received_at
+            ids.append(replica_id)
+        self._due.schedule_all_in_order(ids, received_at + self._stale_s)
+        if taken is not None:
+            taken += steady
+        if refused:  # rare (the registry disagreed with the gate): back in batch order
+            left_rows = {id(row) for row in refused} | {id(row) for row in rest}
+            rest = [row for row in rows if id(row) in left_rows]
         return rest
 
     def record_values(self, replica_id: str, healthy: bool, checked_at: float, failures: int,
                       error: str, received_at: float, via_heartbeat: bool = False) -> None:
-        """``record_push`` of a push's fields (a batch row: no ``PushedHealth`` built)."""
-        if healthy and not via_heartbeat and self.record_steady(replica_id, checked_at,
-                                                                received_at):
-            return
+        """The general path of one push's fields: the registry takes it and the next tick
+        acts on it."""
         self.registry.record_values(replica_id, healthy, checked_at, failures, error,
                                     received_at, via_heartbeat)
 
@@ -203,8 +196,18 @@ class DeploymentHealth:
         self._due.schedule_in_order(replica_id, now + self._period_s)
         self.registry.mark_dirty(replica_id)
 
+    def replica_moved(self, moved: Moved) -> None:
+        """A replica that starts serving (a start, a re-adoption) is watched; one that
+        stops serving is forgotten."""
+        if moved.record[1] in SERVING_STATES:
+            if moved.was not in SERVING_STATES:
+                self.watch(moved.replica_id, moved.now)
+        else:
+            self.forget(moved.replica_id)
+
     def forget(self, replica_id: str) -> None:
         """Stop watching (the replica left the serving states); idempotent."""
+        self._failing.discard(replica_id)
         self._states.pop(replica_id, None)
         self._due.cancel(replica_id)
         self.registry.forget(replica_id)
@@ -273,6 +276,10 @@ class DeploymentHealth:
         """Count the failures an observation adds; replace at the threshold."""
         self._totals.health_check_failures_total += observed.failures_counted
         if observed.failures < self._threshold:
+            if observed.failures:
+                self._failing.add(observed.replica_id)
+            else:
+                self._failing.discard(observed.replica_id)
             return observed
         self.unhealthy = True
         return ReplaceUnhealthy(observed.replica_id, observed.text)
@@ -291,3 +298,8 @@ class DeploymentHealth:
     def failures(self, replica_id: str) -> int:
         state = self._states.get(replica_id)
         return state.failures if state is not None else 0
+
+    def view(self) -> HealthView:
+        stall = self.guard.statistics()
+        return HealthView(self.registry.tracked, stall.state.value, stall.held, self.unhealthy,
+                          len(self._failing))

@@ -21,7 +21,7 @@ Invariants:
   ``PRUNE_INTERVAL_S`` (seed 000 review fix: the over-threshold prune re-ran an O(N)
   rebuild on every record() once all entries were fresh).
 - A replica is in the dirty set iff its newest entry arrived after the last
-  ``take_dirty`` and the caller did not act on it at once (``advance``);
+  ``take_dirty`` and the caller did not act on it at once (``take_steady``);
   ``forget`` and pruning remove it from both.
 """
 
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.health.stats import _FOLD_AT, HealthTotals
-from controlplane.wire import PushedHealth
+from controlplane.health.stats import HealthTotals
+from controlplane.wire import PushedHealth, ReportRow
 
 # Seed 000 review fix: "Registry pruning is rate-limited to once per 30s".
 PRUNE_INTERVAL_S = 30.0
@@ -43,8 +43,8 @@ DEFAULT_RETENTION_S = 300.0
 
 @dataclass(slots=True)
 class PushEntry:
-    """The pushed fields themselves, not a ``PushedHealth``: a steady push then costs no
-    object at all (issue 13); ``health`` builds one for the slow path."""
+    """The pushed fields themselves, not a ``PushedHealth``: a steady push updates one in
+    place and allocates nothing; ``health`` builds one for the slow path."""
 
     healthy: bool
     checked_at: float  # the replica's own clock
@@ -129,47 +129,36 @@ class HealthPushRegistry:
         self._dirty[replica_id] = None
         return True
 
-    def advance(self, replica_id: str, checked_at: float, received_at: float) -> bool:
-        """A healthy push of a replica whose entry is healthy and older: ``record_values``
-        in place, acted on by the caller (not dirty); False (nothing done) otherwise."""
-        old = self._entries.get(replica_id)
-        if old is None or not old.healthy or checked_at <= old.checked_at:
-            return False
-        totals = self._totals
-        totals.pushes_total += 1
-        if received_at - self._last_prune_at >= PRUNE_INTERVAL_S:
-            self._prune(received_at)
-        interval = received_at - old.received_at
-        # ``totals.intervals.record(interval, received_at)``, inline: two calls and a
-        # builtin were a sixth of a steady push (issue 13); the same package's class,
-        # its slow path (a roll, a fold) still its own
-        windows = totals.intervals
-        pending = windows._current.pending
-        if received_at >= windows._roll_at or len(pending) >= _FOLD_AT - 1:
-            windows.record(interval if interval > 0.0 else 0.0, received_at)
-        else:
-            pending.append(interval if interval > 0.0 else 0.0)
-            windows._count += 1
-        old.checked_at, old.received_at = checked_at, received_at
-        return True
-
-    @property
-    def entries(self) -> dict[str, PushEntry]:
-        """For ``DeploymentHealth.take_steady``: read, and updated in place by a steady
-        push as ``advance`` does (its checks first), after ``steady_buffer``."""
-        return self._entries
-
-    def steady_buffer(self, received_at: float) -> list[float]:
-        """``advance`` for a node batch, at its first steady push: pruned as a push
-        prunes, the interval buffer each one's interval is appended to; then
-        ``steady_done`` with the number of them."""
-        if received_at - self._last_prune_at >= PRUNE_INTERVAL_S:
-            self._prune(received_at)
-        return self._totals.intervals.buffer_for(received_at)
-
-    def steady_done(self, taken: int) -> None:
-        self._totals.pushes_total += taken
-        self._totals.intervals.buffered(taken)
+    def take_steady(self, rows: list[ReportRow], received_at: float,
+                    refused: list[ReportRow]) -> list[ReportRow]:
+        """The steady path of pushes that ``DeploymentHealth`` found steady for its gate
+        (healthy, at most one row per replica): each whose entry is healthy and older is
+        advanced in place and its interval recorded, as ``record_values`` would, but not
+        marked dirty (the caller acts on it at once); those rows are returned, in order.
+        The others are appended to ``refused``, untouched, for the general path."""
+        entries, taken, intervals = self._entries, [], None
+        for row in rows:
+            replica_id, _, _, _, checked_at, _, _ = row
+            entry = entries.get(replica_id)
+            try:
+                if entry is None or not entry.healthy or checked_at <= entry.checked_at:
+                    refused.append(row)
+                    continue
+            except TypeError:  # a malformed time: the general path says why
+                refused.append(row)
+                continue
+            if intervals is None:  # at the first one taken: pruned as any push prunes
+                if received_at - self._last_prune_at >= PRUNE_INTERVAL_S:
+                    self._prune(received_at)
+                intervals = self._totals.intervals.buffer_for(received_at)
+            interval = received_at - entry.received_at
+            intervals.append(interval if interval > 0.0 else 0.0)
+            entry.checked_at, entry.received_at = checked_at, received_at
+            taken.append(row)
+        if taken:
+            self._totals.pushes_total += len(taken)
+            self._totals.intervals.buffered(len(taken))
+        return taken
 
     def get(self, replica_id: str) -> PushEntry | None:
         return self._entries.get(replica_id)

@@ -130,22 +130,15 @@ class IntervalWindows:
         self._count = 0
 
     def record(self, interval_s: float, now: float) -> None:
-        # ``HealthPushRegistry.advance`` does this inline for a steady push (issue 13):
-        # a change here is a change there (``test_push_registry`` pins them equal)
         if interval_s < 0:
             raise ValueError(f"interval_s must be >= 0, got {interval_s}")
-        if now >= self._roll_at:  # one compare per push (issue 13)
-            self._roll(now)
-        pending = self._current.pending
-        pending.append(interval_s)
-        if len(pending) >= _FOLD_AT:
-            self._current.fold()
-        self._count += 1
+        self.buffer_for(now).append(interval_s)
+        self.buffered(1)
 
     def buffer_for(self, now: float) -> list[float]:
         """``record`` for many intervals (each >= 0) at ``now``: the caller appends them to
         this list, then says how many with ``buffered``, and drops the list (a fold
-        replaces it). A node batch's steady pushes, one call each way (issue 13)."""
+        replaces it). A node batch's steady pushes cost one call each way, not one each."""
         if now >= self._roll_at:
             self._roll(now)
         return self._current.pending

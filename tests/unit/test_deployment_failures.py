@@ -12,10 +12,12 @@ from contextlib import contextmanager
 import pytest
 
 from controlplane.deployment import reconcile
+from controlplane.deployment.planner import Planner
+from controlplane.deployment.replica_ops import OpsContext, ReplicaOps
 from controlplane.deployment.state import DeploymentState
+from controlplane.deployment.work import WorkTotals
 from controlplane.replica_client import ReplicaCallFailed, ReplicaDied
-from controlplane.deployment.replica_ops import ReplicaOps
-from controlplane.settings import ShardSettings
+from controlplane.settings import Settings
 from tests.unit.fakes import FakeReplicaClient
 from tests.unit.virtual_time import loop_clock, wait_all_tasks_blocked
 
@@ -270,24 +272,25 @@ def test_steady_state_ticks_do_not_plan_or_walk_replicas():
             tasks.add(task)
             return task
 
-        settings = ShardSettings()
-        state = DeploymentState(make_spec(5), settings, spawn, lambda d: ReplicaOps(
-            d, client, clock, "shard_0", "ns"))
+        settings, work = Settings(), WorkTotals()
+        context = OpsContext(client, clock, spawn, "shard_0", settings, work=work)
+        state = DeploymentState(make_spec(5), settings.shard,
+                                lambda d: ReplicaOps(d, context), work=work)
         for _ in range(4):
             state.tick(clock.monotonic())
             await wait_all_tasks_blocked()
         assert state.status(clock.monotonic())["status"] == "HEALTHY"
-        calls, recomputes = len(client.calls), state.replicas.memo_recomputes
-        passes = state.rank_gate.passes_run
+        calls, recomputes = len(client.calls), work.running_sets_built
+        passes = state.book.rank_gate.passes_run
 
-        with counting_calls(DeploymentState._plan) as plans:
+        with counting_calls(Planner.next_slice) as plans:
             for _ in range(200):
                 state.tick(clock.monotonic())
                 await wait_all_tasks_blocked()
         assert plans == []
         assert len(client.calls) == calls
-        assert state.replicas.memo_recomputes == recomputes
-        assert state.rank_gate.passes_run == passes
+        assert work.running_sets_built == recomputes
+        assert state.book.rank_gate.passes_run == passes
         # Every task finished cleanly, but the death watches: one pending call per replica.
         pending = [t for t in tasks if not t.done()]
         assert len(pending) == len(client.ids("wait_until_stopped")) == 5
@@ -298,7 +301,7 @@ def test_steady_state_ticks_do_not_plan_or_walk_replicas():
 def test_passing_health_checks_do_not_trigger_a_plan():
     async def scenario():
         shard = await deployed(3)
-        with counting_calls(DeploymentState._plan) as plans:
+        with counting_calls(Planner.next_slice) as plans:
             for _ in range(5):
                 await shard.advance(10.0)
         assert plans == []
@@ -310,7 +313,7 @@ def test_passing_health_checks_do_not_trigger_a_plan():
 def test_plan_runs_again_once_something_changes():
     async def scenario():
         shard = await deployed(2)
-        with counting_calls(DeploymentState._plan) as plans:
+        with counting_calls(Planner.next_slice) as plans:
             await shard.deploy(make_spec(3))
         assert len(plans) >= 1
         assert len(shard.client.created) == 3
@@ -434,7 +437,7 @@ def test_a_scale_up_and_down_are_planned_from_counts_without_walking_replicas():
     async def scenario():
         shard = await deployed(2)
         with counting_calls(reconcile.plan) as full, \
-                counting_calls(DeploymentState._plan) as ticks:
+                counting_calls(Planner.next_slice) as ticks:
             await shard.deploy(make_spec(40))
             for _ in range(5):
                 await shard.advance(0.1)
@@ -444,32 +447,6 @@ def test_a_scale_up_and_down_are_planned_from_counts_without_walking_replicas():
         assert full == []
         assert sorted(shard.serving_ranks().values()) == list(range(10))
     run(scenario)
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_counts_plan_equals_the_full_plan_wherever_it_answers(seed):
-    """Random deployments (states, targets, backoff): where the counts plan answers, the
-    full plan over a snapshot gives the same actions."""
-    import random
-
-    from controlplane.deployment.lifecycle import ReplicaState
-    from controlplane.deployment.replica_set import ReplicaRecord
-
-    rng = random.Random(seed)
-    state = DeploymentState(make_spec(rng.randrange(0, 8)), ShardSettings(),
-                            lambda coro: coro.close(), lambda d: None)
-    version, config = state.rollout.serving.code_version, state.config.serving[1]
-    for i in range(rng.randrange(0, 8)):
-        rid = f"app#dep#{i}"
-        state.replicas.add(ReplicaRecord(
-            replica_id=rid, rank=i, started_at=0.0, actor_name=rid,
-            state=rng.choice([ReplicaState.STARTING, ReplicaState.RUNNING,
-                              ReplicaState.STOPPING]),
-            version=version if rng.random() < 0.9 else "old"))
-        state._config_versions[rid] = config if rng.random() < 0.9 else "old"
-    fast = state._plan_from_counts(now=0.0)
-    if fast is not None:
-        assert fast[0] == reconcile.plan(state.snapshot(0.0))
 
 
 def test_a_scale_up_keeps_at_most_max_starting_replicas_starting():

@@ -368,7 +368,7 @@ async def steady_autoscaled_work(n: int, reporters: int = 4) -> tuple[int, int, 
     assert shard.status()["status"] == "HEALTHY"
     ids = sorted(r["replica_id"] for r in shard.replicas())[:reporters]
     state = shard.core.deployment(DEP)
-    recomputes = state.replicas.memo_recomputes
+    recomputes = shard.core.work.running_sets_built
     files = ("controlplane/deployment/autoscaling.py", "controlplane/deployment/metric_window.py")
     walks = (ReplicaSet.records, ReplicaSet.ids_in)
     tick_calls = ingest_calls = walked = 0
@@ -384,7 +384,7 @@ async def steady_autoscaled_work(n: int, reporters: int = 4) -> tuple[int, int, 
         tick_calls, ingest_calls = tick_calls + tick["calls"], ingest_calls + ingest["calls"]
         walked += tick["walks"] + ingest["walks"]
     assert state.target_replicas == n  # the window counted exactly the reporters' means
-    assert state.replicas.memo_recomputes == recomputes
+    assert shard.core.work.running_sets_built == recomputes
     return tick_calls, ingest_calls, walked
 
 

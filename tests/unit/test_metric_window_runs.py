@@ -167,14 +167,14 @@ async def batched_autoscaled_work(n: int, reporters: int) -> tuple[int, int, int
         health = PushedHealth(True, shard.clock.monotonic(), 0)
         rows = [report_row(MetricReport(rid, n // reporters, 0, health)) for rid in ids]
         if t == 10:
-            shares = state._metrics.statistics().shares_computed
+            shares = state.autoscaler.statistics().shares_computed
         with counting(files, ()) as ingest:
             shard.core.report_batch({KEY: rows})
         calls += ingest["calls"] if t >= 10 else 0
         shard.core.tick()
         await wait_all_tasks_blocked()
     assert state.target_replicas == n  # the reporters' means, exactly
-    stats = state._metrics.statistics()
+    stats = state.autoscaler.statistics()
     return calls, stats.stored, stats.shares_computed - shares
 
 

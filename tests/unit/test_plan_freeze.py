@@ -62,7 +62,7 @@ def test_the_shard_freezes_after_its_slices_and_thaws_at_its_next_tick():
         shard.core.collector = PlanFreeze(gc)
         shard.core.apply([make_spec(10)], [])  # a tick, then slices of 4
         await wait_all_tasks_blocked()
-        assert shard.core.slices == 2 and gc.calls == ["freeze", "freeze"]
+        assert shard.core.work.slices == 2 and gc.calls == ["freeze", "freeze"]
         shard.core.tick()  # no slice to come: the plan's objects go back to the collector
         assert gc.calls == ["freeze", "freeze", "unfreeze"]
         assert not shard.core.collector.frozen

@@ -10,7 +10,7 @@ import pytest
 from controlplane.health.stats import (HealthStatistics, HealthTotals, IntervalWindows,
                                               merge_all)
 from controlplane.health.push_registry import PRUNE_INTERVAL_S, HealthPushRegistry
-from controlplane.wire import PushedHealth
+from controlplane.wire import PushedHealth, ReportRow
 
 T0 = 1000.0
 
@@ -198,8 +198,9 @@ def test_buffered_intervals_land_in_the_buckets_one_by_one_bucketing_gives():
 
 
 def test_the_steady_path_records_intervals_as_the_windows_themselves_do():
-    # ``advance`` appends a steady push's interval inline (issue 13): across window rolls
-    # and folds, what it leaves must be what ``IntervalWindows.record`` would
+    # ``take_steady`` buffers a steady push's interval through the windows' batch methods:
+    # across window rolls and folds, what it leaves must be what ``IntervalWindows.record``
+    # would
     import random
 
     from controlplane.health.stats import _FOLD_AT
@@ -215,10 +216,25 @@ def test_the_steady_path_records_intervals_as_the_windows_themselves_do():
         if rid not in last:
             registry.record(rid, ok(checked), now)  # the first entry: no interval
         else:
-            assert registry.advance(rid, checked, now)
+            row = ReportRow(rid, 0, 0, True, checked, 0, "")
+            refused: list = []
+            assert registry.take_steady([row], now, refused) == [row] and refused == []
             slow.record(max(0.0, now - last[rid]), now)
         last[rid] = now
     fast = fast_totals.intervals
     for at in (now, now + 61.0):
         assert fast.snapshot(at) == slow.snapshot(at)
     assert fast.snapshot(now).count == slow.snapshot(now).count > 2 * _FOLD_AT
+
+
+def test_the_steady_path_refuses_what_only_the_general_path_may_take():
+    registry = HealthPushRegistry(HealthTotals())
+    registry.record("sick", PushedHealth(False, 1.0, 1, "x"), T0)
+    registry.record("fine", ok(5.0), T0)
+    rows = [ReportRow("unknown", 0, 0, True, 2.0, 0, ""),  # no entry yet
+            ReportRow("sick", 0, 0, True, 2.0, 0, ""),  # its entry is unhealthy
+            ReportRow("fine", 0, 0, True, 5.0, 0, ""),  # not newer
+            ReportRow("fine", 0, 0, True, "6", 0, "")]  # malformed
+    refused: list = []
+    assert registry.take_steady(rows, T0 + 1, refused) == [] and refused == rows
+    assert registry.get("fine").received_at == T0 and registry.take_dirty() == ["sick", "fine"]

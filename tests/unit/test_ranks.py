@@ -17,6 +17,7 @@ from controlplane.deployment.ranks import (
     RankMove,
     run_consistency_pass,
 )
+from controlplane.deployment.work import WorkTotals
 from controlplane.deployment.replica_set import ReplicaRecord, ReplicaSet
 
 S = ReplicaState
@@ -193,8 +194,8 @@ class FailingRankManager(RankManager):
         return super().compact(active_ids)
 
 
-def running(*ids: str) -> ReplicaSet:
-    replicas = ReplicaSet()
+def running(*ids: str, work: WorkTotals | None = None) -> ReplicaSet:
+    replicas = ReplicaSet(work)
     for rid in ids:
         replicas.add(ReplicaRecord(replica_id=rid, state=S.RUNNING, version="v1"))
     return replicas
@@ -213,13 +214,15 @@ def test_pass_compacts_then_skips_while_membership_unchanged():
 
 
 def test_pass_skips_walks_in_steady_state():
-    gate, manager, replicas = RankConsistencyGate(), FailingRankManager(), running("a", "b")
+    work = WorkTotals()
+    gate, manager = RankConsistencyGate(), FailingRankManager()
+    replicas = running("a", "b", work=work)
     run_consistency_pass(gate, manager, replicas, now=0.0)
-    walks = replicas.memo_recomputes
+    walks = work.running_sets_built
     replicas.add(replicas.remove("a"))  # health-pass churn: pop and re-add
     run_consistency_pass(gate, manager, replicas, now=1.0)
     assert manager.compact_calls == 1
-    assert replicas.memo_recomputes == walks
+    assert work.running_sets_built == walks
 
 
 def test_pass_runs_on_membership_change():
@@ -232,12 +235,13 @@ def test_pass_runs_on_membership_change():
 
 
 def test_pass_does_nothing_while_a_replica_is_starting():
-    gate, manager, replicas = RankConsistencyGate(), FailingRankManager(), running("a")
+    work = WorkTotals()
+    gate, manager, replicas = RankConsistencyGate(), FailingRankManager(), running("a", work=work)
     replicas.add(ReplicaRecord(replica_id="s", state=S.STARTING, version="v1"))
     assert run_consistency_pass(gate, manager, replicas, now=0.0) == []
     assert manager.compact_calls == 0
     assert (gate.passes_run, gate.passes_skipped) == (0, 0)
-    assert replicas.memo_recomputes == 0  # no collection was built
+    assert work.running_sets_built == 0  # no collection was built
     replicas.apply("s", E.STARTED)
     assert run_consistency_pass(gate, manager, replicas, now=1.0) == [
         ("a", NO_RANK, 0),
@@ -299,13 +303,14 @@ def test_assign_is_the_lowest_free_rank_after_any_mix_of_operations() -> None:
 
 
 def test_a_scale_up_looks_at_each_rank_about_once() -> None:
-    """Issue 16: a start costs O(1) amortized rank probes, not a scan from 0 (O(N^2))."""
-    manager = RankManager()
+    """A start costs O(1) amortized rank probes, not a scan from 0 (O(N^2))."""
+    work = WorkTotals()
+    manager = RankManager(work)
     for i in range(20_000):
         manager.assign(f"r{i}")
-    assert manager.probes <= 20_000
+    assert work.rank_probes <= 20_000
     for i in range(0, 20_000, 2):  # half stop, then as many replacements start
         manager.release(f"r{i}")
-    before = manager.probes
+    before = work.rank_probes
     assert [manager.assign(f"s{i}") for i in range(10_000)] == list(range(0, 20_000, 2))
-    assert manager.probes - before <= 10_000
+    assert work.rank_probes - before <= 10_000

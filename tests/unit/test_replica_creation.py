@@ -17,7 +17,7 @@ def test_a_taken_name_is_skipped_and_the_next_name_is_used():
         assert sorted(r["replica_id"] for r in status["replicas"]) == [
             f"{DEP.app}#{DEP.name}#1", f"{DEP.app}#{DEP.name}#2"]
         assert sorted(shard.serving_ranks().values()) == [0, 1]
-        assert shard.core.deployment(DEP).backoff.failures == 0
+        assert shard.core.deployment(DEP).rollout.backoff.failures == 0
     run(scenario)
 
 
@@ -27,7 +27,7 @@ def test_a_refused_creation_counts_as_a_start_failure_and_backs_off():
         shard.client.create_errors[f"{DEP.app}#{DEP.name}#0"] = RuntimeError("no such resource")
         await shard.deploy(make_spec(1))
         assert shard.status()["replicas"] == []  # nothing left STARTING
-        assert "no such resource" in shard.core.deployment(DEP).backoff.last_error
+        assert "no such resource" in shard.core.deployment(DEP).rollout.backoff.last_error
         assert shard.client.created == []
         await shard.advance(shard.settings.shard.start_backoff_initial_s)
         assert shard.status()["status"] == "HEALTHY"

@@ -6,6 +6,7 @@ import pytest
 
 from controlplane.deployment.lifecycle import IllegalTransition, ReplicaEvent, ReplicaState
 from controlplane.deployment.replica_set import ReplicaRecord, ReplicaSet
+from controlplane.deployment.work import WorkTotals
 
 S = ReplicaState
 E = ReplicaEvent
@@ -17,8 +18,8 @@ def rec(rid: str, state: ReplicaState = S.RUNNING, **fields) -> ReplicaRecord:
     return ReplicaRecord(replica_id=rid, state=state, version="v1", **fields)
 
 
-def make_set(*records: ReplicaRecord) -> ReplicaSet:
-    replicas = ReplicaSet()
+def make_set(*records: ReplicaRecord, work: WorkTotals | None = None) -> ReplicaSet:
+    replicas = ReplicaSet(work)
     for record in records:
         replicas.add(record)
     return replicas
@@ -163,69 +164,77 @@ def test_empty_fingerprint_is_zero_and_returns_there():
 # -- memos -----------------------------------------------------------------------------
 
 
-def steady_set() -> ReplicaSet:
+def steady_set() -> tuple[ReplicaSet, WorkTotals]:
+    work = WorkTotals()
     return make_set(
         rec("a", node_id="n1"),
         rec("b", S.UPDATING, node_id="n2"),
         rec("c", S.STOPPING, node_id="n3"),
-    )
+        work=work,
+    ), work
 
 
 def test_memo_value_is_a_frozenset_of_serving_ids():
-    replicas = steady_set()
+    replicas, _ = steady_set()
     assert replicas.running_ids() == frozenset({"a", "b"})
     assert type(replicas.running_ids()) is frozenset
 
 
 def test_steady_state_does_no_walk():
-    replicas = steady_set()
+    replicas, work = steady_set()
     first = replicas.running_ids()
-    assert replicas.memo_recomputes == 1
+    assert work.running_sets_built == 1
     for _ in range(5):
         assert replicas.running_ids() is first
-    assert replicas.memo_recomputes == 1
+    assert work.running_sets_built == 1
 
 
 def test_pop_and_re_add_keeps_memo():
-    replicas = steady_set()
+    replicas, work = steady_set()
     replicas.running_ids()
-    before = replicas.memo_recomputes
+    before = work.running_sets_built
     replicas.add(replicas.remove("a"))
     assert replicas.running_ids() == {"a", "b"}
-    assert replicas.memo_recomputes == before
+    assert work.running_sets_built == before
 
 
 def test_state_change_recomputes_once():
-    replicas = steady_set()
+    replicas, work = steady_set()
     replicas.running_ids()
-    before = replicas.memo_recomputes
+    before = work.running_sets_built
     replicas.apply("a", E.STOP)
     assert replicas.running_ids() == {"b"}
     assert replicas.running_ids() == {"b"}
-    assert replicas.memo_recomputes == before + 1
+    assert work.running_sets_built == before + 1
 
 
 def test_a_replica_that_starts_serving_is_seen_at_once():
-    replicas = steady_set()
+    replicas, _ = steady_set()
     replicas.add(rec("s", S.STARTING, actor_id=None, node_id=None))
     assert replicas.running_ids() == {"a", "b"}
     replicas.apply("s", E.STARTED)
     assert replicas.running_ids() == {"a", "b", "s"}
 
 
-def test_serving_fingerprint_moves_with_the_serving_set_only():
-    replicas = make_set(rec("a"), rec("b"))
-    serving, full = replicas.serving_fingerprint, replicas.fingerprint
+def test_the_running_set_is_rebuilt_when_the_serving_set_moves_and_only_then():
+    work = WorkTotals()
+    replicas = make_set(rec("a"), rec("b"), work=work)
+
+    def rebuilt() -> int:
+        before = work.running_sets_built
+        replicas.running_ids()
+        return work.running_sets_built - before
+    assert rebuilt() == 1 and rebuilt() == 0
     replicas.add(rec("c", S.STARTING))
     replicas.add(rec("d", S.STOPPING))
     replicas.replace(rec("a", message="slow check"))  # status only: routers see none of it
-    assert replicas.serving_fingerprint == serving and replicas.fingerprint != full
+    assert rebuilt() == 0
     replicas.replace(rec("c", S.RUNNING))
-    assert replicas.serving_fingerprint != serving
+    assert rebuilt() == 1 and replicas.running_ids() == {"a", "b", "c"}
     replicas.replace(rec("c", S.RUNNING, http_address="127.0.0.1:9000"))  # what routers see
-    moved = replicas.serving_fingerprint
+    assert rebuilt() == 1
     replicas.remove("c")
-    assert moved != replicas.serving_fingerprint == serving
+    assert rebuilt() == 1 and replicas.running_ids() == {"a", "b"}
 
 
 def test_routing_sends_deltas_of_the_serving_set_and_nothing_for_starts_and_stops():
@@ -235,19 +244,19 @@ def test_routing_sends_deltas_of_the_serving_set_and_nothing_for_starts_and_stop
 
     spec, routing = make_spec(), DeploymentRouting()
     replicas = make_set(rec("a"), rec("b"))
-    assert [r.replica_id for r in routing.update(spec, replicas).replicas] == ["a", "b"]
+    assert [r.replica_id for r in routing.update(spec, replicas, 0.0).replicas] == ["a", "b"]
     replicas.add(rec("c", S.STARTING))
     replicas.replace(rec("b", S.STOPPING))
-    assert routing.update(spec, replicas) == RoutingDelta((), ("b",))
+    assert routing.update(spec, replicas, 0.0) == RoutingDelta((), ("b",))
     replicas.add(rec("d", S.STARTING))
     replicas.remove("b")
     replicas.replace(rec("a", message="slow"))  # nothing routers see
-    assert routing.update(spec, replicas) is None
+    assert routing.update(spec, replicas, 0.0) is None
     replicas.replace(rec("c", S.RUNNING))
-    delta = routing.update(spec, replicas)
+    delta = routing.update(spec, replicas, 0.0)
     assert [i.replica_id for i in delta.added] == ["c"] and delta.removed == ()
     assert [r.replica_id for r in routing.update(make_spec(max_ongoing_requests=9),
-                                                 replicas).replicas] == ["a", "c"]
+                                                 replicas, 0.0).replicas] == ["a", "c"]
 
 
 def test_deltas_applied_in_order_equal_the_whole_update_after_random_churn():
@@ -259,7 +268,7 @@ def test_deltas_applied_in_order_equal_the_whole_update_after_random_churn():
 
     rng, spec = random.Random(3), make_spec()
     routing, replicas = DeploymentRouting(), ReplicaSet()
-    held = routing.update(spec, replicas)
+    held = routing.update(spec, replicas, 0.0)
     for step in range(400):
         rid = f"r{rng.randrange(30)}"
         state = rng.choice([S.STARTING, S.RUNNING, S.UPDATING, S.STOPPING])
@@ -268,8 +277,8 @@ def test_deltas_applied_in_order_equal_the_whole_update_after_random_churn():
             replicas.remove(rid) if rng.random() < 0.3 else replicas.replace(record)
         else:
             replicas.add(record)
-        update = routing.update(spec, replicas)
+        update = routing.update(spec, replicas, 0.0)
         if isinstance(update, RoutingDelta):
             held = apply_routing_delta(held, update)
-        whole = DeploymentRouting().update(spec, replicas)
+        whole = DeploymentRouting().update(spec, replicas, 0.0)
         assert held == whole, step

@@ -8,7 +8,7 @@ import pytest
 
 from controlplane.clock import FakeClock
 from controlplane.settings import uses_reporter
-from controlplane.wire import MetricReport, PushedHealth, report_row, row_report
+from controlplane.wire import MetricReport, PushedHealth, ReportRow, report_row
 from replicas import node_reporter
 from replicas.report_batch import ReportBatcher
 from replicas.report_sender import (FIRST_WAIT_S, RETRY_REPORTER_S, START_TIMEOUT_S,
@@ -32,7 +32,15 @@ def report(replica_id: str = "r1", healthy: bool | None = True, at: float = 1.0,
 @pytest.mark.parametrize("healthy", [True, False, None])
 def test_a_row_carries_the_whole_report(healthy):
     original = report(healthy=healthy, ongoing=3)
-    assert row_report(report_row(original)) == original
+    row = report_row(original)
+    assert isinstance(row, ReportRow)
+    assert (row.replica_id, row.ongoing, row.queued) == ("r1", 3, 0)
+    h = original.health
+    if h is None:
+        assert row.healthy is None
+    else:
+        assert (row.healthy, row.checked_at, row.failures, row.error) == (
+            h.healthy, h.checked_at, h.consecutive_failures, h.error)
 
 
 # --- the batcher -----------------------------------------------------------------------------
@@ -331,7 +339,7 @@ def test_an_autoscaled_batch_takes_steady_rows_and_a_row_with_bad_counts_not_at_
         shard.core.report_batch({KEY: [report_row(report(rid, at=3.0, ongoing=4))]})
         assert shard.core.health_totals.statistics(0.0).pushes_total == pushes + 1
         assert state.health.registry.get(rid).checked_at == 3.0
-        assert state._metrics.average_load(shard.clock.monotonic()) == 2.5  # (1 + 4) / 2
+        assert state.autoscaler.average_load(shard.clock.monotonic()) == 2.5  # (1 + 4) / 2
     run_virtual(FakeClock(), main)
 
 

@@ -24,7 +24,7 @@ def test_a_scale_up_is_cut_into_slices_and_the_loop_runs_other_work_between_them
         shard.core.apply([make_spec(10)], [])  # the shard's loop ticks at once...
         asyncio.get_running_loop().call_soon(observe, 3)  # ...queued behind it
         await wait_all_tasks_blocked()
-        assert len(shard.client.created) == 10 and shard.core.slices == 2
+        assert len(shard.client.created) == 10 and shard.core.work.slices == 2
         assert seen == [4, 8, 10, 10]  # between the slices, not after all of them
     run(scenario)
 
@@ -33,11 +33,11 @@ async def _rollout_ticks(per_slice: int) -> tuple[int, int]:
     shard = Shard(transitions_per_slice=per_slice, rolling_surge_fraction=0.5)
     await shard.deploy(make_spec(24))
     shard.core.apply([make_spec(24, code_version="v2")], [])
-    replicas, ticks = shard.core.deployment(DEP).replicas, 0
+    replicas, ticks = shard.core.deployment(DEP).book.replicas, 0
     while replicas.count_state_version(ReplicaState.RUNNING, "v2") < 24 or len(replicas) > 24:
         await shard.advance(1.0, ticks=1)
         ticks += 1
-    return ticks, shard.core.slices
+    return ticks, shard.core.work.slices
 
 
 def test_slicing_does_not_slow_a_rolling_update():
@@ -53,10 +53,10 @@ def test_a_deletion_is_carried_out_whole_in_its_tick():
         shard = Shard(transitions_per_slice=2)
         await shard.deploy(make_spec(10))
         shard.client.hold("stop")
-        slices = shard.core.slices
+        slices = shard.core.work.slices
         shard.core.apply([], [DEP])
         shard.core.tick()  # the full plan, not one cut from counts
-        assert shard.states() == {"STOPPING": 10} and shard.core.slices == slices
+        assert shard.states() == {"STOPPING": 10} and shard.core.work.slices == slices
     run(scenario)
 
 
@@ -66,7 +66,7 @@ def test_a_slice_that_raises_is_a_counted_tick_error_and_does_not_spin():
         shard.core.apply([make_spec(6)], [])
         await wait_all_tasks_blocked()
         state = shard.core.deployment(DEP)
-        assert shard.core.slices == 2 and len(shard.client.created) == 6
+        assert shard.core.work.slices == 2 and len(shard.client.created) == 6
         shard.core.apply([make_spec(12)], [])
         shard.core.tick()
 
@@ -75,6 +75,6 @@ def test_a_slice_that_raises_is_a_counted_tick_error_and_does_not_spin():
         state.continue_slice = broken
         await wait_all_tasks_blocked()
         assert shard.core.health_totals.tick_errors_total == 1
-        assert shard.core.slices == 3 and not state.more_now
+        assert shard.core.work.slices == 3 and not state.more_now
         assert len(shard.client.created) == 8  # the tick's slice; the broken one did none
     run(scenario)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-
 
 from controlplane.clock import FakeClock
 from controlplane.config.schema import AutoscalingConfig
@@ -23,6 +21,7 @@ from controlplane.settings import Settings, ShardSettings
 from controlplane.shard import ShardCore
 from controlplane.specs import DeploymentId
 from controlplane.status import assemble_status
+from controlplane.wire import MetricReport
 from tests.unit.fakes import FakeReplicaClient
 from tests.unit.shard_harness import DEP, make_spec
 from tests.unit.virtual_time import run_virtual, wait_all_tasks_blocked
@@ -32,13 +31,10 @@ LOOK_BACK_S = 2.0
 SHARD_LOGGER = "controlplane.shard"
 
 
-@dataclass(frozen=True)
-class GarbledReport:
-    """A report from a buggy replica: what ``report_metrics`` reads, with a bad load."""
-
-    replica_id: str
-    load: float = math.nan
-    health: None = None
+def garbled_report(replica_id: str, load: float = math.nan) -> MetricReport:
+    """A report from a buggy replica: a real ``MetricReport`` whose load is not a number
+    (its check of counts >= 0 lets NaN and infinity through)."""
+    return MetricReport(replica_id, load, 0)
 
 
 class Driver:
@@ -68,7 +64,7 @@ class Driver:
     def errors(self) -> int:
         return self.core.status()["tick_errors_total"]
 
-    async def seconds(self, n: int, report: GarbledReport | None) -> list[float]:
+    async def seconds(self, n: int, report: MetricReport | None) -> list[float]:
         """Tick once a second for ``n`` seconds (sending ``report`` first, if any); the
         times, from deploy, at which a tick raised."""
         raised = []
@@ -96,7 +92,7 @@ def tracebacks(caplog) -> list[logging.LogRecord]:
 def test_a_raising_tick_backs_off_doubling_from_a_tenth_to_thirty_seconds(caplog):
     async def main(d: Driver) -> None:
         replica = await d.deploy_autoscaled()
-        raised = await d.seconds(100, GarbledReport(replica))
+        raised = await d.seconds(100, garbled_report(replica))
         # Waits 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30: a tick once a second
         # gets through at these times only.
         assert raised == [1, 2, 3, 4, 5, 7, 11, 18, 31, 57, 87]
@@ -115,20 +111,20 @@ def test_a_raising_tick_backs_off_doubling_from_a_tenth_to_thirty_seconds(caplog
 def test_a_clean_tick_resets_the_backoff_and_the_same_error_is_not_logged_again(caplog):
     async def main(d: Driver) -> None:
         replica = await d.deploy_autoscaled()
-        assert await d.seconds(20, GarbledReport(replica)) == [1, 2, 3, 4, 5, 7, 11, 18]
+        assert await d.seconds(20, garbled_report(replica)) == [1, 2, 3, 4, 5, 7, 11, 18]
         # The bad reports stop; the next tick the backoff lets through (18 + 12.8) is clean.
         assert await d.seconds(13, None) == []
         recovered = [r for r in caplog.records if "succeeds again" in r.getMessage()]
         assert len(recovered) == 1 and "after 8 failures" in recovered[0].getMessage()
         # The error returns: retried a tenth of a second later, so on the next tick too.
-        assert await d.seconds(2, GarbledReport(replica)) == [34, 35]
+        assert await d.seconds(2, garbled_report(replica)) == [34, 35]
         assert len(tracebacks(caplog)) == 1  # the same error: counted, not logged
         # Until the last bad report leaves the 2 s window; then clean, and as this streak
         # had no new error, its end is not logged either.
         assert await d.seconds(4, None) == [36, 37]
         assert len([r for r in caplog.records if "succeeds again" in r.getMessage()]) == 1
         # A different error is a change: its traceback is logged.
-        await d.seconds(1, GarbledReport(replica, load=math.inf))
+        await d.seconds(1, garbled_report(replica, load=math.inf))
         assert [r.exc_info[0] for r in tracebacks(caplog)] == [ValueError, OverflowError]
         assert d.errors == 8 + 4 + 1
 
@@ -140,7 +136,7 @@ def test_other_deployments_keep_ticking_while_one_backs_off():
     async def main(d: Driver) -> None:
         replica = await d.deploy_autoscaled()
         other = make_spec(1, id=DeploymentId("app", "other"))
-        assert await d.seconds(5, GarbledReport(replica)) == [1, 2, 3, 4, 5]
+        assert await d.seconds(5, garbled_report(replica)) == [1, 2, 3, 4, 5]
         d.core.apply([other], [])  # while app/model waits out 1.6 s
         await d.tick()
         await d.tick()
@@ -154,7 +150,7 @@ def test_other_deployments_keep_ticking_while_one_backs_off():
 def test_a_deleted_deployment_that_backed_off_still_goes():
     async def main(d: Driver) -> None:
         replica = await d.deploy_autoscaled()
-        await d.seconds(5, GarbledReport(replica))
+        await d.seconds(5, garbled_report(replica))
         d.core.apply([], [DEP])
         # Due again at 6.6 (the bad report is still in the window: 3.2 s more), then at
         # 10.2: clean, it stops its replica and is gone on the tick after.
@@ -167,7 +163,7 @@ def test_a_deleted_deployment_that_backed_off_still_goes():
 def test_tick_errors_are_summed_across_shards_and_exported():
     async def main(d: Driver) -> None:
         replica = await d.deploy_autoscaled()
-        await d.seconds(3, GarbledReport(replica))
+        await d.seconds(3, garbled_report(replica))
         return d.core.status()
 
     shard = run_virtual(clock := FakeClock(), lambda: main(Driver(clock)))

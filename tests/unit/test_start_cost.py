@@ -1,11 +1,10 @@
-"""The work of one replica start, counted (issue 16): what is shared by the replicas of a
-spec is built once, a transition copies its changes once, a scale-up does not keep the
+"""The work of one replica start, counted: what is shared by the replicas of a spec is
+built once, a transition copies its changes once, a scale-up does not keep the
 retirement index in order on every start, and a replica's whole life is one coroutine
 frame of the shard's (the client's call below it)."""
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 import random
 
@@ -13,6 +12,7 @@ import pytest
 
 from controlplane.deployment.lifecycle import IllegalTransition, ReplicaEvent, ReplicaState
 from controlplane.deployment.replica_set import ReplicaRecord, ReplicaSet
+from controlplane.deployment.work import WorkTotals
 from controlplane.wire import ReplicaInit
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
 
@@ -24,16 +24,16 @@ def _inits(shard: Shard) -> dict[str, ReplicaInit]:
 
 
 def _whole(init: ReplicaInit) -> ReplicaInit:
-    """The same init built field by field, as before the shared template."""
-    return ReplicaInit(**{f.name: getattr(init, f.name) for f in dataclasses.fields(init)})
+    """The same init built field by field, as without the shared template."""
+    return ReplicaInit(**init._asdict())
 
 
 def test_the_replicas_of_one_spec_share_one_init_built_once():
     async def scenario():
         shard = Shard()
         await shard.deploy(make_spec(8, user_config={"k": 1}))
-        ops = shard.core.deployment(DEP).ops
-        assert ops.templates_built == 1
+        work = shard.core.work
+        assert work.replica_inits_built == 1
         inits = _inits(shard)
         assert sorted(i.rank for i in inits.values()) == list(range(8))
         for rid, init in inits.items():
@@ -42,12 +42,12 @@ def test_the_replicas_of_one_spec_share_one_init_built_once():
             assert init == _whole(init) and pickle.loads(pickle.dumps(init)) == init
 
         await shard.deploy(make_spec(12, user_config={"k": 1}))  # a new target: rebuilt
-        assert ops.templates_built == 2
+        assert work.replica_inits_built == 2
         assert {i.world_size for rid, i in _inits(shard).items() if rid not in inits} == {12}
 
         await shard.deploy(make_spec(12, code_version="v2", user_config={"k": 1}), ticks=12)
         assert {i.code_version for i in _inits(shard).values()} == {"v1", "v2"}
-        assert ops.templates_built == 3  # one per spec version, not per start
+        assert work.replica_inits_built == 3  # one per spec version, not per start
     run(scenario)
 
 
@@ -106,32 +106,35 @@ def _running(replicas: ReplicaSet, first: int, count: int) -> None:
 
 
 def test_a_scale_up_orders_the_retirement_index_once_at_its_first_query():
-    replicas = ReplicaSet()
-    index = replicas._ranked
+    work = WorkTotals()
+    replicas = ReplicaSet(work)
+
+    def ordered() -> tuple[int, int]:
+        return work.rank_heaps_ordered, work.rank_entries_sifted
     _running(replicas, 0, 5000)  # each start the highest rank yet: the heap's new top
-    assert (index.heapified, index.sifted) == (0, 0)  # no O(log N) climb per start
+    assert ordered() == (0, 0)  # no O(log N) climb per start
     assert replicas.retire_first(None, 3) == ["a#m#4999", "a#m#4998", "a#m#4997"]
-    assert (index.heapified, index.sifted) == (1, 0)  # one O(N) heapify
+    assert ordered() == (1, 0)  # one O(N) heapify
     _running(replicas, 5000, 10)  # a few more: sifted in one by one at the next query
     assert replicas.retire_first("v2", 2) == ["a#m#5009", "a#m#5008"]
-    assert (index.heapified, index.sifted) == (1, 10)
+    assert ordered() == (1, 10)
     assert replicas.retire_first(None, 1) == ["a#m#5009"]
-    assert (index.heapified, index.sifted) == (1, 10)  # nothing new: nothing to order
+    assert ordered() == (1, 10)  # nothing new: nothing to order
 
 
 def test_a_created_replica_is_the_record_its_fields_name():
-    # ``replica_created`` builds the record by position, through ``tuple.__new__``: a field
-    # added to ``ReplicaRecord`` must not shift what it means
+    # the book builds a new record by position: a field added to ``ReplicaRecord`` must not
+    # shift what it means
     async def scenario():
         shard = Shard()
         shard.client.hold("initialize")
         await shard.deploy(make_spec(2))
-        state = shard.core.deployment(DEP)
+        book = shard.core.deployment(DEP).book
         for rid in shard.client.held("initialize"):
-            record = state.replicas.get(rid)
+            record = book.get(rid)
             assert record == ReplicaRecord(
                 replica_id=rid, state=S.STARTING, version="v1",
-                rank=state.ranks.rank_of(rid), actor_name=record.actor_name,
+                rank=book.ranks.rank_of(rid), actor_name=record.actor_name,
                 started_at=record.started_at)
             assert record.actor_name.endswith(rid) and record.started_at >= 0
         assert shard.states() == {"STARTING": 2}
@@ -161,8 +164,8 @@ def test_a_transition_within_a_version_moves_the_record_as_discard_and_insert_wo
                 replicas.add(ReplicaRecord(rid + "x", S.STARTING, "v1", None, "x"))
         assert old is not None and new.node_id == "n"
     assert moved.records() == reference.records()
-    assert (moved.fingerprint, moved.serving_fingerprint) == \
-        (reference.fingerprint, reference.serving_fingerprint)
+    assert moved.fingerprint == reference.fingerprint
+    assert moved.running_ids() == reference.running_ids()
     assert moved.take_serving_changes() == reference.take_serving_changes()
     for state in S:
         assert moved.count_state_version(state, "v1") == reference.count_state_version(state, "v1")

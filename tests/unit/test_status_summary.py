@@ -83,12 +83,12 @@ async def settled(n: int, shard: Shard | None = None, dep: DeploymentId = DEP) -
 def summary_work(shard: Shard, dep: DeploymentId = DEP) -> tuple[dict, Counter]:
     """The summary entry of ``dep`` and the calls it made on its replicas and health."""
     d = shard.core.deployment(dep)
-    replicas, health = Counting(d.replicas), Counting(d.health)
-    d.replicas, d.health = replicas, health
+    replicas, health = Counting(d.book.replicas), Counting(d.health)
+    d.book.replicas, d.health = replicas, health
     try:
         entry = shard.core.status(summary=True)["deployments"][str(dep)]
     finally:
-        d.replicas, d.health = replicas._inner, health._inner
+        d.book.replicas, d.health = replicas._inner, health._inner
     return entry, replicas.calls + health.calls
 
 
@@ -211,9 +211,9 @@ def test_filters_build_entries_only_for_the_deployments_asked_for():
         shard = Shard()
         for dep in ids:
             await settled(2, shard, dep)
-        wrapped = {dep: Counting(shard.core.deployment(dep).replicas) for dep in ids}
+        wrapped = {dep: Counting(shard.core.deployment(dep).book.replicas) for dep in ids}
         for dep, counting in wrapped.items():
-            shard.core.deployment(dep).replicas = counting
+            shard.core.deployment(dep).book.replicas = counting
 
         def shown(**filters) -> list[str]:
             answer = shard.core.status(**filters)

@@ -1,7 +1,8 @@
-"""A node batch's steady pushes taken in one loop (``DeploymentHealth.take_steady``, issue
-13) leave every structure as the row-by-row path does: gate states, registry entries and
-their dirtiness, deadlines, counters and interval statistics, and what the ticks after
-decide. Rows it does not take come back, in order, for the general path."""
+"""The one fast path of pushes (``DeploymentHealth.take_steady``): a node batch taken at
+once leaves every structure as its rows taken one by one (each a batch of one) do: gate
+states, registry entries and their dirtiness, deadlines, counters and interval
+statistics, and what the ticks after decide. Rows it does not take come back, in order,
+for the general path."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 from controlplane.health.gate import ProbeOutcome, ProbeResult
 from controlplane.health.stats import HealthTotals
 from controlplane.health.push_health import DeploymentHealth, ProbeReplica
+from controlplane.wire import PushedHealth, ReportRow
 
 T0, P = 1000.0, 10.0
 IDS = [f"r{i}" for i in range(40)]
@@ -24,22 +26,29 @@ def _pair() -> tuple[DeploymentHealth, DeploymentHealth]:
     return batched, by_row
 
 
-def _rows(rng: random.Random, checked: dict[str, float]) -> list[tuple]:
+def _rows(rng: random.Random, checked: dict[str, float]) -> list[ReportRow]:
+    """A node batch: at most one row per replica (the batcher keeps the newest)."""
     rows = []
-    for _ in range(rng.randrange(1, 30)):
-        rid = rng.choice(IDS)
+    for rid in rng.sample(IDS, rng.randrange(1, 30)):
         checked[rid] = checked.get(rid, 0.0) + rng.choice([1.0, 1.0, 1.0, 0.0, -0.5])
         healthy = rng.choice([True, True, True, True, False, None])
         failures = 0 if healthy is not False else rng.randrange(1, 4)
-        rows.append((rid, 0, 0, healthy, checked[rid], failures, "" if healthy else "bad"))
+        rows.append(ReportRow(rid, 0, 0, healthy, checked[rid], failures,
+                              "" if healthy else "bad"))
     return rows
 
 
-def _by_row(health: DeploymentHealth, rows: list[tuple], now: float) -> None:
+def _general(health: DeploymentHealth, rows: list[ReportRow], now: float) -> None:
     """The general path of ``DeploymentState`` for each row (all rows here are well formed)."""
     for rid, _, _, healthy, checked_at, failures, error in rows:
         if healthy is not None:
             health.record_values(rid, healthy, checked_at, failures, error, now)
+
+
+def _by_row(health: DeploymentHealth, rows: list[ReportRow], now: float) -> None:
+    """Each row as a single report: a batch of one, then the general path."""
+    for row in rows:
+        _general(health, health.take_steady([row], now), now)
 
 
 def _state(health: DeploymentHealth) -> tuple:
@@ -71,7 +80,7 @@ def test_a_batch_taken_in_one_loop_leaves_what_row_by_row_leaves():
             rest = batched.take_steady(rows, now, taken)
             assert sorted(map(id, taken + rest)) == sorted(map(id, rows))
             assert [r for r in rows if any(r is x for x in rest)] == rest  # in order
-            _by_row(batched, rest, now)
+            _general(batched, rest, now)
             _by_row(by_row, rows, now)
             assert _state(batched) == _state(by_row)
             assert _tick(batched, now) == _tick(by_row, now)
@@ -93,3 +102,25 @@ def test_only_steady_rows_are_taken_and_malformed_ones_come_back():
     rest = health.take_steady(rows, T0 + 1, taken)
     assert taken == [ok] and rest == rows[1:]
     assert health.registry.get("r0").checked_at == 2.0 and health._totals.pushes_total == 4
+
+
+def test_a_second_row_of_a_replica_in_one_batch_takes_the_general_path():
+    health, _ = _pair()
+    health.record_push("r0", PushedHealth(True, 1.0, 0), T0)
+    health.tick(T0)  # applied: the next healthy push is steady
+    first, second = ReportRow("r0", 0, 0, True, 2.0, 0, ""), ReportRow("r0", 0, 0, True, 3.0, 0, "")
+    taken: list = []
+    assert health.take_steady([first, second], T0 + 1, taken) == [second] and taken == [first]
+    _general(health, [second], T0 + 1)
+    assert health.registry.get("r0").checked_at == 3.0  # newest wins, a tick acts on it
+    assert health.registry.take_dirty() == ["r0"]
+
+
+def test_a_single_push_is_a_batch_of_one():
+    health, _ = _pair()
+    health.record_push("r0", PushedHealth(True, 1.0, 0), T0)  # the first: general, dirty
+    health.tick(T0)  # which the tick consumes
+    health.record_push("r0", PushedHealth(True, 2.0, 0), T0 + 1)
+    assert health.registry.take_dirty() == [] and health.registry.get("r0").checked_at == 2.0
+    health.record_push("r0", PushedHealth(True, 3.0, 0), T0 + 2, via_heartbeat=True)
+    assert health.registry.take_dirty() == ["r0"]  # a heartbeat never takes the fast path

@@ -1,0 +1,96 @@
+"""A deployment's autoscaler: its policy, its load window and the cadence of decisions.
+
+Owns the ``AutoscalingPolicy`` read from the spec's ``autoscaling_config`` (None: not
+autoscaled), the ``MetricWindow`` the serving replicas' loads go to, the ``ScalingState``
+a delayed change waits in, and when the next decision is due. The decision itself is the
+pure ``autoscaling.decide``.
+
+Invariants:
+- Only serving replicas' loads count: a replica joins the window's membership when it
+  starts serving and leaves it when it stops (``replica_moved``), so a query never walks
+  the replicas. A new window (first policy, new look-back) learns the membership once,
+  in O(replicas), at its first decision.
+- A redeploy that keeps the look-back keeps the window (and the load history in it).
+- One decision per ``DECIDE_EVERY_S`` at most, on the shard's tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from controlplane.config.schema import AutoscalingConfig
+from controlplane.deployment.autoscaling import (AutoscalingPolicy, MetricWindow,
+                                                 ScalingDecision, ScalingState,
+                                                 WindowStatistics, decide)
+from controlplane.deployment.lifecycle import SERVING_STATES, TERMINAL_STATES
+from controlplane.deployment.replica_set import Moved
+
+DECIDE_EVERY_S = 1.0
+_DEFAULT_LOOK_BACK_S = 30.0
+
+
+class Autoscaler:
+    def __init__(self, config: Mapping[str, Any] | None) -> None:
+        self.policy: AutoscalingPolicy | None = None
+        self._window = MetricWindow(look_back_period_s=_DEFAULT_LOOK_BACK_S)
+        self._scaling = ScalingState()
+        self._next_at = 0.0
+        self.configure(config)
+
+    @property
+    def active(self) -> bool:
+        return self.policy is not None
+
+    def configure(self, config: Mapping[str, Any] | None) -> None:
+        """The spec's ``autoscaling_config`` (None: not autoscaled)."""
+        if config is None:
+            self.policy = None
+            return
+        old = self.policy
+        # Only the schema's fields: a spec checkpointed by an older build may carry Serve
+        # knobs set in code that fleetplane does not implement.
+        known = AutoscalingConfig.model_fields
+        self.policy = AutoscalingPolicy.from_config({k: v for k, v in config.items()
+                                                     if k in known})
+        if old is None or old.look_back_period_s != self.policy.look_back_period_s:
+            self._window = MetricWindow(look_back_period_s=self.policy.look_back_period_s)
+
+    # ---- loads -------------------------------------------------------------------------
+    def replica_moved(self, moved: Moved) -> None:
+        state = moved.record[1]
+        if state in TERMINAL_STATES:
+            self._window.forget(moved.replica_id)
+        elif self.policy is not None:
+            if state in SERVING_STATES:
+                self._window.include(moved.replica_id)
+            else:
+                self._window.exclude(moved.replica_id)
+
+    def record_load(self, replica_id: str, load: int, now: float) -> None:
+        self._window.record_load(replica_id, load, now)
+
+    def record_loads(self, loads: list[tuple[str, int]], now: float) -> None:
+        """A node batch's loads, in one call."""
+        self._window.record_loads(loads, now)
+
+    # ---- decisions ---------------------------------------------------------------------
+    def due(self, now: float) -> bool:
+        return self.policy is not None and now >= self._next_at
+
+    def decide(self, now: float, target: int, serving: Iterable[str]) -> ScalingDecision | None:
+        """A new target replica count (and why), or None to keep ``target``. ``serving``:
+        the serving replicas' ids, read only by a window that does not know them yet."""
+        self._next_at = now + DECIDE_EVERY_S
+        window = self._window
+        if not window.membership_known:
+            window.include_only(serving)
+        decision = decide(self.policy, target, window.average_load(now), self._scaling, now)
+        self._scaling = decision.state
+        return None if decision.target_replicas == target else decision
+
+    def statistics(self) -> WindowStatistics:
+        return self._window.statistics()
+
+    def average_load(self, now: float) -> float | None:
+        return self._window.average_load(now)
