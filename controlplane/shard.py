@@ -1,8 +1,8 @@
 """ControllerShard: owns the deployments that hash to it and reconciles their replicas.
 
 A thin actor shell: it receives desired specs from the controller (``apply``), metric
-reports from its replicas (``report_metrics``, which carry pushed health) and health
-heartbeats (``report_health``), and runs one reconcile loop that ticks each owned
+reports from its replicas (``report_rows``, one replica's, or ``report_batch``, a node
+reporter's; they carry pushed health) and health heartbeats (``report_health``), and runs one reconcile loop that ticks each owned
 deployment. Pushes are stamped with the shard's monotonic time on arrival. The push-health
 counters (``HealthTotals``) are shard-wide, so a deleted deployment never takes its counts
 with it. Every background task is owned by the shard (kept in ``_tasks``, errors
@@ -36,8 +36,8 @@ from controlplane.replica_client import RayReplicaClient, ReplicaClient
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import (Batch, MetricReport, PushedHealth, RouterDemand, RoutingDelta,
-                               apply_routing_delta)
+from controlplane.wire import (Batch, MetricReport, PushedHealth, ReportRow, RouterDemand,
+                               RoutingDelta, apply_routing_delta, report_row)
 
 logger = logging.getLogger(__name__)
 
@@ -222,17 +222,23 @@ class ShardCore:
         except TypeError:  # not a tuple (a list, say): slow but still answered
             return self._deployments.get(DeploymentId(*key))
 
-    def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
-        try:  # ``_reported``, inline: once per replica report
+    def report_rows(self, key: tuple[str, str], rows: list[ReportRow]) -> None:
+        """Reports of one deployment's replicas: one replica's direct report (a batch of
+        one) or a node batch's share. Rows of a deployment this shard does not own (any
+        more) are dropped."""
+        try:  # ``_reported``, inline: once per direct report
             state = self._by_key.get(key)
         except TypeError:
             state = self._reported(key)
         if state is not None:
-            state.record_metrics(report, self._ops.clock.monotonic())
+            state.record_rows(rows, self._ops.clock.monotonic())
+
+    def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
+        """One report as a ``MetricReport`` (a sender older than ``report_rows``)."""
+        self.report_rows(key, [report_row(report)])
 
     def report_batch(self, batch: Batch) -> None:
-        """A node reporter's batch: many replicas' reports, one call. Rows of deployments
-        this shard does not own (any more) are dropped, as single reports are."""
+        """A node reporter's batch: many replicas' reports, one call."""
         now = self._ops.clock.monotonic()
         self.health_totals.batches_total += 1
         for key, rows in batch.items():
@@ -318,6 +324,10 @@ class ControllerShard:
         this shard's own monotonic clock."""
         now, wall = self._core.now(), time.time()
         self._core.set_node_drains({node: now + (until - wall) for node, until in drains.items()})
+
+    async def report_rows(self, key: tuple[str, str], rows: list[ReportRow]) -> None:
+        """A replica's direct report (``ReportSender``): a batch of one row."""
+        self._core.report_rows(key, rows)
 
     async def report_metrics(self, key: tuple[str, str], report: MetricReport) -> None:
         self._core.report_metrics(key, report)

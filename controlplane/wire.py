@@ -313,9 +313,13 @@ Batch = dict[DeploymentKey, list[ReportRow]]
 
 
 def report_row(report: MetricReport) -> ReportRow:
+    """The row of a report (``_make``: built from one tuple, not seven arguments)."""
     h = report.health
     if h is None:
-        return ReportRow(report.replica_id, report.ongoing_requests, report.queued_requests,
-                         None, 0.0, 0, "")
-    return ReportRow(report.replica_id, report.ongoing_requests, report.queued_requests,
-                     h.healthy, h.checked_at, h.consecutive_failures, h.error)
+        return _make_row((report.replica_id, report.ongoing_requests, report.queued_requests,
+                          None, 0.0, 0, ""))
+    return _make_row((report.replica_id, report.ongoing_requests, report.queued_requests,
+                      h.healthy, h.checked_at, h.consecutive_failures, h.error))
+
+
+_make_row = ReportRow._make

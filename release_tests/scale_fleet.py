@@ -16,7 +16,7 @@ evenly over the ticks; the autoscaled deployment's replicas report their load (2
 requests, its target) every ``metrics_report_interval_s`` (1 s), health riding along.
 
 Timing: ``perf_counter`` and ``process_time`` around each controller call only: the
-tick, the ingest of one tick's pushes (``ShardCore.report_metrics``), and the owned
+tick, the ingest of one tick's pushes (``ShardCore.report_rows``), and the owned
 tasks running until all are blocked. The harness's own work (making reports, reading
 which replicas serve) is outside every timed section.
 """
@@ -209,7 +209,7 @@ class FleetBench:
         """The deployment's ``ReplicaSet`` (O(1) counts); ShardCore has no summary of its own
         short of ``status()``, which lists every replica."""
         state = self.core.deployment(dep_id)
-        return state.replicas if state is not None else None
+        return state.book.replicas if state is not None else None
 
     def settled(self, dep_id: DeploymentId, n: int, version: str | None = None) -> bool:
         r = self.replicas(dep_id)
@@ -228,18 +228,19 @@ class FleetBench:
         return batches
 
     def ingest(self, batches: list) -> tuple[float, float, int]:
-        """Deliver reports one ``ShardCore.report_metrics`` call each or, with ``batched``,
-        as one ``report_batch`` of rows (a node reporter's call; the rows are made before
-        the clock starts, as a reporter makes them): (wall s, CPU s, count)."""
-        rows = {key: [report_row(r) for r in reports] for key, reports in batches} \
-            if self.batched else None
+        """Deliver reports one ``ShardCore.report_rows`` call each (a replica's direct
+        report: a batch of one) or, with ``batched``, as one ``report_batch`` of rows (a
+        node reporter's call). The rows are made before the clock starts, as the replica
+        or the reporter makes them: (wall s, CPU s, count)."""
+        rows = {key: [report_row(r) for r in reports] for key, reports in batches}
         c0, t0 = time.process_time(), time.perf_counter()
-        if rows is not None:
+        if self.batched:
             self.core.report_batch(rows)
         else:
-            for key, reports in batches:
-                for report in reports:
-                    self.core.report_metrics(key, report)
+            report = self.core.report_rows
+            for key, key_rows in rows.items():
+                for row in key_rows:
+                    report(key, [row])
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         return wall, cpu, sum(len(reports) for _, reports in batches)
 
@@ -380,7 +381,7 @@ async def _profile(bench: FleetBench, opts: FleetOptions, log: Callable) -> dict
 
 
 _SHARD_ENTRIES = {"tick": ("ShardCore.tick ",),
-                  "ingest": ("ShardCore.report_metrics ", "ShardCore.report_batch ")}
+                  "ingest": ("ShardCore.report_rows ", "ShardCore.report_batch ")}
 
 
 def _function(frame: str) -> str:

@@ -376,7 +376,8 @@ class SimShard(ControllerShard):
         state = self._core.deployment(SIM_DEPLOYMENT)
         if state is None:
             return {}
-        return {"running": state.replicas.count(*SERVING_STATES), "created": state.replicas_created,
+        return {"running": state.book.replicas.count(*SERVING_STATES),
+                "created": state.book.ids_issued,
                 "health": self._core.health_totals.statistics(time.monotonic()),
                 "stall": state.health.guard.statistics()}
 

@@ -52,8 +52,8 @@ from controlplane.health.stall_guard import StallGuard
 from controlplane.health.stats import HealthTotals
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec, stable_hash
-from controlplane.wire import (MetricReport, PushedHealth, ReplicaDescription, ReportRow,
-                               RouterDemand, RoutingDelta, RoutingUpdate, report_row)
+from controlplane.wire import (PushedHealth, ReplicaDescription, ReportRow, RouterDemand,
+                               RoutingDelta, RoutingUpdate)
 
 logger = logging.getLogger(__name__)
 
@@ -278,18 +278,16 @@ class DeploymentState:
                 self.ops.replica_died(action.replica_id, action.message)
 
     # ---- reports: loads and pushed health ------------------------------------------------
-    def record_metrics(self, report: MetricReport, now: float) -> None:
-        """One replica's report: a batch of one."""
-        self.record_rows([report_row(report)], now)
-
     def record_rows(self, rows: list[ReportRow], now: float) -> None:
         """Reports of this deployment's replicas (a node batch, or one report): the steady
         pushes taken first, in one loop (``DeploymentHealth.take_steady``: watched, so
         serving, replicas, whose loads need no record lookup), the rest one by one; an
         autoscaled deployment's loads go to its window in one call, after the health.
         A malformed row is logged and skipped; it never costs the rest of the batch."""
-        if not self.autoscaler.active:
-            self._record_rest(self.health.take_steady(rows, now), now, None)
+        if self.autoscaler.policy is None:
+            rest = self.health.take_steady(rows, now)
+            if rest:
+                self._record_rest(rest, now, None)
             return
         taken: list[ReportRow] = []
         rest = self.health.take_steady(_counts_checked(rows, self.spec), now, taken)

@@ -140,44 +140,59 @@ class DeploymentHealth:
         on: then it is acted on here, as the tick's ``consume_push`` would (a healthy
         ``UsePush`` that counts nothing and shows nothing new) with the visit ``decide``
         would re-arm (``Wait(stale_at)``), in O(1) per push, without the tick seeing it.
-        The gate test is this object's, the entry's the registry's (``take_steady``).
-        Returns the rows not taken, in order, for the general path (malformed ones
+        The gate's test is this object's, the entry's the registry's (``take_steady``).
+        Returns the rows not taken, in batch order, for the general path (malformed ones
         among them); ``taken``: the rows taken are appended to it. Once a replica's row is
         left, so are its later ones: each replica's rows apply in the batch's order."""
-        states, steady, rest, left = self._states, [], [], set()
+        states, steady, chosen, rest, left = self._states, [], [], [], None
         for row in rows:
             try:
-                replica_id, _, _, healthy, _, _, _ = row
+                replica_id = row.replica_id
                 state = states.get(replica_id)
-                if (healthy is not True or state is None or replica_id in left
+                if (row.healthy is not True or state is None
+                        or (left is not None and replica_id in left)
                         or state.failures or state.probe_started_at is not None
                         or state.push_received_at is None
                         or received_at <= state.push_received_at
                         or (state.applied_probe_started_at is not None
                             and received_at <= state.applied_probe_started_at)):
                     rest.append(row)
+                    if left is None:
+                        left = set()
                     left.add(replica_id)
                     continue
-            except (TypeError, ValueError):
+            except (AttributeError, TypeError):  # not a ReportRow, or an unhashable id
                 rest.append(row)
                 continue
-            left.add(replica_id)  # a second row of it in this batch is not steady
             steady.append(row)
+            chosen.append(state)
         if not steady:
             return rest
-        refused: list[ReportRow] = []
-        steady = self.registry.take_steady(steady, received_at, refused)
-        ids = []
-        for replica_id, _, _, _, _, _, _ in steady:
-            states[replica_id].push_received_at = received_at
-            ids.append(replica_id)
-        self._due.schedule_all_in_order(ids, received_at + self._stale_s)
+        refused = self.registry.take_steady(steady, received_at)
+        if refused:  # rare (the registry disagreed with the gate): back in batch order
+            return self._refused(rows, steady, refused, rest, received_at, taken)
+        for state in chosen:
+            state.push_received_at = received_at
+        self._due.schedule_all_in_order([row.replica_id for row in steady],
+                                        received_at + self._stale_s)
         if taken is not None:
             taken += steady
-        if refused:  # rare (the registry disagreed with the gate): back in batch order
-            left_rows = {id(row) for row in refused} | {id(row) for row in rest}
-            rest = [row for row in rows if id(row) in left_rows]
         return rest
+
+    def _refused(self, rows: list[ReportRow], steady: list[ReportRow],
+                 refused: list[ReportRow], rest: list[ReportRow], received_at: float,
+                 taken: list[ReportRow] | None) -> list[ReportRow]:
+        """``take_steady``'s end when the registry refused some of its rows."""
+        out = {id(row) for row in refused}
+        steady = [row for row in steady if id(row) not in out]
+        for row in steady:
+            self._states[row.replica_id].push_received_at = received_at
+        self._due.schedule_all_in_order([row.replica_id for row in steady],
+                                        received_at + self._stale_s)
+        if taken is not None:
+            taken += steady
+        out.update(id(row) for row in rest)
+        return [row for row in rows if id(row) in out]
 
     def record_values(self, replica_id: str, healthy: bool, checked_at: float, failures: int,
                       error: str, received_at: float, via_heartbeat: bool = False) -> None:

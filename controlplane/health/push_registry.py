@@ -39,6 +39,7 @@ PRUNE_INTERVAL_S = 30.0
 # prune the very entries the stall guard counts as tracked; the owner raises it to a few
 # health periods when the period is long.
 DEFAULT_RETENTION_S = 300.0
+_NONE: list = []  # no row refused (never appended to)
 
 
 @dataclass(slots=True)
@@ -129,36 +130,34 @@ class HealthPushRegistry:
         self._dirty[replica_id] = None
         return True
 
-    def take_steady(self, rows: list[ReportRow], received_at: float,
-                    refused: list[ReportRow]) -> list[ReportRow]:
+    def take_steady(self, rows: list[ReportRow], received_at: float) -> list[ReportRow]:
         """The steady path of pushes that ``DeploymentHealth`` found steady for its gate
         (healthy, at most one row per replica): each whose entry is healthy and older is
         advanced in place and its interval recorded, as ``record_values`` would, but not
-        marked dirty (the caller acts on it at once); those rows are returned, in order.
-        The others are appended to ``refused``, untouched, for the general path."""
-        entries, taken, intervals = self._entries, [], None
+        marked dirty (the caller acts on it at once). Returns the rows refused, untouched,
+        for the general path (usually none)."""
+        entries, intervals, refused = self._entries, [], None
         for row in rows:
-            replica_id, _, _, _, checked_at, _, _ = row
-            entry = entries.get(replica_id)
+            checked_at = row.checked_at
+            entry = entries.get(row.replica_id)
             try:
-                if entry is None or not entry.healthy or checked_at <= entry.checked_at:
-                    refused.append(row)
-                    continue
+                steady = entry is not None and entry.healthy and checked_at > entry.checked_at
             except TypeError:  # a malformed time: the general path says why
+                steady = False
+            if not steady:
+                if refused is None:
+                    refused = []
                 refused.append(row)
                 continue
-            if intervals is None:  # at the first one taken: pruned as any push prunes
-                if received_at - self._last_prune_at >= PRUNE_INTERVAL_S:
-                    self._prune(received_at)
-                intervals = self._totals.intervals.buffer_for(received_at)
             interval = received_at - entry.received_at
             intervals.append(interval if interval > 0.0 else 0.0)
             entry.checked_at, entry.received_at = checked_at, received_at
-            taken.append(row)
-        if taken:
-            self._totals.pushes_total += len(taken)
-            self._totals.intervals.buffered(len(taken))
-        return taken
+        if intervals:
+            if received_at - self._last_prune_at >= PRUNE_INTERVAL_S:  # as any push prunes
+                self._prune(received_at)
+            self._totals.pushes_total += len(intervals)
+            self._totals.intervals.record_many(intervals, received_at)
+        return refused if refused is not None else _NONE
 
     def get(self, replica_id: str) -> PushEntry | None:
         return self._entries.get(replica_id)

@@ -27,6 +27,8 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -132,20 +134,17 @@ class IntervalWindows:
     def record(self, interval_s: float, now: float) -> None:
         if interval_s < 0:
             raise ValueError(f"interval_s must be >= 0, got {interval_s}")
-        self.buffer_for(now).append(interval_s)
-        self.buffered(1)
+        self.record_many((interval_s,), now)
 
-    def buffer_for(self, now: float) -> list[float]:
-        """``record`` for many intervals (each >= 0) at ``now``: the caller appends them to
-        this list, then says how many with ``buffered``, and drops the list (a fold
-        replaces it). A node batch's steady pushes cost one call each way, not one each."""
-        if now >= self._roll_at:
+    def record_many(self, intervals_s: Sequence[float], now: float) -> None:
+        """``record`` of each of ``intervals_s`` (each >= 0) at ``now``: a node batch's
+        steady pushes in one call."""
+        if now >= self._roll_at:  # one compare per call
             self._roll(now)
-        return self._current.pending
-
-    def buffered(self, n: int) -> None:
-        self._count += n
-        if len(self._current.pending) >= _FOLD_AT:
+        pending = self._current.pending
+        pending.extend(intervals_s)
+        self._count += len(intervals_s)
+        if len(pending) >= _FOLD_AT:
             self._current.fold()
 
     def _roll(self, now: float) -> None:

@@ -216,9 +216,7 @@ def test_the_steady_path_records_intervals_as_the_windows_themselves_do():
         if rid not in last:
             registry.record(rid, ok(checked), now)  # the first entry: no interval
         else:
-            row = ReportRow(rid, 0, 0, True, checked, 0, "")
-            refused: list = []
-            assert registry.take_steady([row], now, refused) == [row] and refused == []
+            assert registry.take_steady([ReportRow(rid, 0, 0, True, checked, 0, "")], now) == []
             slow.record(max(0.0, now - last[rid]), now)
         last[rid] = now
     fast = fast_totals.intervals
@@ -235,6 +233,5 @@ def test_the_steady_path_refuses_what_only_the_general_path_may_take():
             ReportRow("sick", 0, 0, True, 2.0, 0, ""),  # its entry is unhealthy
             ReportRow("fine", 0, 0, True, 5.0, 0, ""),  # not newer
             ReportRow("fine", 0, 0, True, "6", 0, "")]  # malformed
-    refused: list = []
-    assert registry.take_steady(rows, T0 + 1, refused) == [] and refused == rows
+    assert registry.take_steady(rows, T0 + 1) == rows
     assert registry.get("fine").received_at == T0 and registry.take_dirty() == ["sick", "fine"]

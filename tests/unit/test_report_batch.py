@@ -126,7 +126,7 @@ def sender(reporter: FakeActor | None, clock: FakeClock,
            found: list | None = None) -> tuple[ReportSender, FakeActor]:
     """``reporter`` answers ``ready`` at once unless it has a ``ready`` of its own;
     ``found`` gets one item per lookup."""
-    shard = FakeActor(report_metrics=Remote())
+    shard = FakeActor(report_rows=Remote())
     if reporter is not None and not hasattr(reporter, "ready"):
         reporter.ready = Remote(answer=True)
 
@@ -152,7 +152,7 @@ def test_healthy_reports_go_through_the_node_and_an_unhealthy_one_goes_directly(
         await s.send(report(healthy=None))
         await s.send(report(healthy=False, at=2.0))
         assert len(reporter.report.calls) == 2
-        assert [args[1].health.healthy for args in shard.report_metrics.calls] == [False]
+        assert [args[1][0].healthy for args in shard.report_rows.calls] == [False]
         assert reporter.report.calls[0][:2] == ("s0", KEY)
     drive(main)
 
@@ -167,11 +167,11 @@ def test_a_broken_reporter_sends_the_same_report_directly_and_is_retried_later(r
         s, shard = sender(reporter, clock)
         first = report(at=1.0)
         await s.send(first)
-        assert [args[1] for args in shard.report_metrics.calls] == [first]
+        assert [args[1] for args in shard.report_rows.calls] == [[report_row(first)]]
         calls = len(reporter.report.calls) if reporter else 0
         await s.send(report(at=2.0))  # within the retry delay: not asked again
         assert (len(reporter.report.calls) if reporter else 0) == calls
-        assert len(shard.report_metrics.calls) == 2
+        assert len(shard.report_rows.calls) == 2
         clock.advance(RETRY_REPORTER_S)
         await s.send(report(at=3.0))
         assert (len(reporter.report.calls) if reporter else 0) == calls + (1 if reporter else 0)
@@ -184,7 +184,7 @@ def test_a_reporter_that_refuses_keeps_being_asked_but_the_report_goes_directly(
         s, shard = sender(reporter, clock)
         await s.send(report(at=1.0))
         await s.send(report(at=2.0))
-        assert len(reporter.report.calls) == 2 and len(shard.report_metrics.calls) == 2
+        assert len(reporter.report.calls) == 2 and len(shard.report_rows.calls) == 2
     drive(main)
 
 
@@ -225,7 +225,7 @@ def test_a_reporter_of_an_older_version_without_ready_is_used_at_once():
 
         async def find():
             return reporter
-        s = ReportSender(FakeActor(report_metrics=Remote()), "s0", KEY, clock, find, 5.0)
+        s = ReportSender(FakeActor(report_rows=Remote()), "s0", KEY, clock, find, 5.0)
         t0 = clock.monotonic()
         await s.send(report(at=1.0))
         assert clock.monotonic() == t0  # nothing waited for
@@ -259,7 +259,7 @@ def test_a_reporter_that_never_starts_fails_like_a_dead_one(ready, failed_after_
 
 def test_batching_off_sends_everything_directly():
     async def main(clock):
-        shard = FakeActor(report_metrics=Remote())
+        shard = FakeActor(report_rows=Remote())
         s = ReportSender(shard, "s0", KEY, clock, None, timeout_s=5.0)
         await s.send(report())
         assert s.direct == 1 and s.via_node == 0

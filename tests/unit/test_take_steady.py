@@ -93,10 +93,11 @@ def test_only_steady_rows_are_taken_and_malformed_ones_come_back():
     for rid in IDS[:3]:
         health.record_values(rid, True, 1.0, 0, "", T0)
     health.tick(T0)  # the first pushes applied: the next healthy ones are steady
-    ok, older, unwatched = ("r0", 0, 0, True, 2.0, 0, ""), ("r1", 0, 0, True, 0.5, 0, ""), \
-        ("r39", 0, 0, True, 2.0, 0, "")
-    bad, short, unhashable, text = ("r2", 0, 0, False, 2.0, 1, "x"), ("r2", True), \
-        ([1], 0, 0, True, 2.0, 0, ""), ("r2", 0, 0, True, "2.0", 0, "")
+    ok, older, unwatched = (ReportRow("r0", 0, 0, True, 2.0, 0, ""),
+                            ReportRow("r1", 0, 0, True, 0.5, 0, ""),
+                            ReportRow("r39", 0, 0, True, 2.0, 0, ""))
+    bad, text = ReportRow("r2", 0, 0, False, 2.0, 1, "x"), ReportRow("r1", 0, 0, True, "2", 0, "")
+    short, unhashable = ("r2", True), ReportRow([1], 0, 0, True, 2.0, 0, "")
     rows = [ok, older, unwatched, bad, short, unhashable, text]
     taken: list = []
     rest = health.take_steady(rows, T0 + 1, taken)
@@ -104,16 +105,17 @@ def test_only_steady_rows_are_taken_and_malformed_ones_come_back():
     assert health.registry.get("r0").checked_at == 2.0 and health._totals.pushes_total == 4
 
 
-def test_a_second_row_of_a_replica_in_one_batch_takes_the_general_path():
+def test_two_rows_of_a_replica_in_one_batch_apply_in_order():
     health, _ = _pair()
-    health.record_push("r0", PushedHealth(True, 1.0, 0), T0)
-    health.tick(T0)  # applied: the next healthy push is steady
-    first, second = ReportRow("r0", 0, 0, True, 2.0, 0, ""), ReportRow("r0", 0, 0, True, 3.0, 0, "")
+    for rid in ("r0", "r1"):
+        health.record_push(rid, PushedHealth(True, 1.0, 0), T0)
+    health.tick(T0)  # applied: their next healthy pushes are steady
+    steady = [ReportRow("r0", 0, 0, True, 2.0, 0, ""), ReportRow("r0", 0, 0, True, 3.0, 0, "")]
     taken: list = []
-    assert health.take_steady([first, second], T0 + 1, taken) == [second] and taken == [first]
-    _general(health, [second], T0 + 1)
-    assert health.registry.get("r0").checked_at == 3.0  # newest wins, a tick acts on it
-    assert health.registry.take_dirty() == ["r0"]
+    assert health.take_steady(steady, T0 + 1, taken) == [] and taken == steady
+    assert health.registry.get("r0").checked_at == 3.0  # the newer one last
+    sick, after = ReportRow("r1", 0, 0, False, 2.0, 1, "x"), ReportRow("r1", 0, 0, True, 3.0, 0, "")
+    assert health.take_steady([sick, after], T0 + 1) == [sick, after]  # after it, not steady
 
 
 def test_a_single_push_is_a_batch_of_one():
