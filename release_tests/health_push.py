@@ -3,7 +3,7 @@
     python -m release_tests.health_push --replicas 16384 --duration-s 120 --mode batched,push
 
 Runs N simulated replicas (many per host process, ``release_tests.sim_fleet``) against a
-real ``ControllerShard`` (its ``report_batch`` / ``report_metrics`` actor methods,
+real ``ControllerShard`` (its ``report_batch`` / ``report_rows`` actor methods,
 ``ShardCore``, ``DeploymentHealth``, stall guard and probes), once per mode:
 
 - batched (fleetplane's default path): each host stands for a node with its reporter: its

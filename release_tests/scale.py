@@ -9,7 +9,7 @@ fake replicas that start and stop at once (``scale_fleet``: ``ShardCore``;
 ``scale_serve``: ``DeploymentStateManager``). Measured per N:
 
 - steady tick p50/p99: fleetplane's ``ShardCore.tick()`` with one push per replica per
-  10 s period flowing (``report_metrics`` with ``PushedHealth``, spread over the 0.1 s
+  10 s period flowing (``report_rows`` of rows with health, spread over the 0.1 s
   ticks) and one more autoscaled deployment of N/16 replicas reporting load every second;
   Serve's ``DeploymentStateManager.update()`` with N RUNNING replicas, always healthy.
 - fleetplane only: the tick's own work (no pushes), ``push_us`` (ingest plus the tick

@@ -2,7 +2,7 @@
 
 Thousands of replicas cannot be real Ray actors on a 2-core machine, so each
 ``SimHost`` actor process hosts many simulated replicas. Everything on the controller
-side is the real code: ``SimShard`` *is* a ``ControllerShard`` (same ``report_metrics`` /
+side is the real code: ``SimShard`` *is* a ``ControllerShard`` (same ``report_rows`` /
 ``report_health`` actor methods, same ``ShardCore``, reconcile loop, ``DeploymentHealth``,
 stall guard and ``ReplicaOps``); only its replica client is swapped for
 ``SimReplicaClient``, the seam the unit tests use for ``FakeReplicaClient``, which places
@@ -162,7 +162,8 @@ class SimHost:
                 heapq.heappush(self._due, (now + r.init.metrics_report_interval_s, replica_id))
                 continue
             try:
-                self._in_flight[self._shard.report_metrics.remote(key, report)] = replica_id
+                self._in_flight[self._shard.report_rows.remote(
+                    key, [report_row(report)], report.sent_at)] = replica_id
             except Exception:
                 self._report_errors += 1
                 heapq.heappush(self._due, (now + r.init.metrics_report_interval_s, replica_id))
@@ -311,26 +312,26 @@ class SimShard(ControllerShard):
         else:
             self._gc_pauses.append(time.perf_counter() - self._gc_started)
 
-    async def report_metrics(self, key: tuple[str, str], report: Any) -> None:
+    async def report_rows(self, key: tuple[str, str], rows: Any, sent_at: float = 0.0) -> None:
+        """A replica's direct report (a batch of one), timed from when it was sent."""
         if not self._ingest_open.is_set():
             await self._ingest_open.wait()
-        await super().report_metrics(key, report)
-        if report.health is not None:
-            cpu = time.process_time()
-            self._recorder.on_push(report.replica_id, report.health.checked_at, time.monotonic(),
-                                   time.time() - report.sent_at)
-            self._harness_cpu_s += time.process_time() - cpu
+        await super().report_rows(key, rows)
+        self._record(rows, time.time() - sent_at)
 
     async def report_batch(self, batch: Any, sent_at: float = 0.0) -> None:
         if not self._ingest_open.is_set():
             await self._ingest_open.wait()
         await super().report_batch(batch)
-        cpu = time.process_time()
-        now, delay = time.monotonic(), time.time() - sent_at
+        delay = time.time() - sent_at
         for rows in batch.values():
-            for row in rows:
-                if row[3] is not None:
-                    self._recorder.on_push(row[0], row[4], now, delay)
+            self._record(rows, delay)
+
+    def _record(self, rows: Any, delay_s: float) -> None:
+        cpu, now = time.process_time(), time.monotonic()
+        for row in rows:
+            if row.healthy is not None:
+                self._recorder.on_push(row.replica_id, row.checked_at, now, delay_s)
         self._harness_cpu_s += time.process_time() - cpu
 
     async def report_health(self, key: tuple[str, str], replica_id: str,
