@@ -86,6 +86,7 @@ def assemble_status(config: dict | None, shards: list[dict], generation: int,
                         "deployments": s.get("deployments_owned", len(s["deployments"])),
                         "ticks": s["ticks"], "tick_errors_total": s["tick_errors_total"],
                         "last_tick_ms": s["last_tick_ms"],
+                        **({"work": s["work"]} if "work" in s else {}),
                         **({"unavailable": s["unavailable"]} if "unavailable" in s else {})}
                        for s in shards],
             # Push health across shards (exact merge: counters add, histograms add).

@@ -16,6 +16,7 @@ from controlplane.deployment.lifecycle import ReplicaState
 from controlplane.deployment.reconcile import (DeploymentSnapshot, ReplicaView, StatusCounts,
                                     deployment_status, status_from_counts)
 from controlplane.specs import DeploymentId
+from controlplane.status import assemble_status
 from controlplane.wire import MetricReport, PushedHealth
 from tests.unit.shard_harness import DEP, Shard, make_spec, run
 
@@ -226,4 +227,20 @@ def test_filters_build_entries_only_for_the_deployments_asked_for():
         assert shown(deployment="model") == ["app/model", "shop/model"]
         assert wrapped[ids[1]].calls["records"] == 0
         assert shown(app="nope") == [] and shown(summary=True) == [str(d) for d in ids]
+    run(scenario)
+
+
+def test_a_steady_shard_s_work_counters_stand_still_but_its_ticks_and_reach_status():
+    async def scenario():
+        shard = await settled(50)
+        await shard.step(3)  # the rank pass once the last start is in
+        before = shard.core.status()["work"]
+        await shard.step(30)
+        after = shard.core.status()["work"]
+        assert after["ticks"] == before["ticks"] + 30
+        assert {k: v for k, v in after.items() if k not in ("ticks", "last_tick_s")} == \
+            {k: v for k, v in before.items() if k not in ("ticks", "last_tick_s")}
+        assert before["replica_inits_built"] == 1 and before["rank_probes"] >= 50
+        [entry] = assemble_status(None, [shard.core.status(summary=True)], 1)["controller"]["shards"]
+        assert entry["work"]["ticks"] == after["ticks"] + 1
     run(scenario)
