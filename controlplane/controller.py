@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -32,6 +33,7 @@ import ray.cloudpickle as cloudpickle
 from ray.exceptions import RayActorError
 from ray.experimental import internal_kv
 
+from controlplane.config.options import HTTPOptions
 from controlplane.config.schema import config_to_dict, ignored_fields, parse_deploy_config
 from controlplane.usercode.build_workers import build_all
 from controlplane.capacity import node_resources, shortfall
@@ -52,14 +54,22 @@ from controlplane.wire import ROUTES_KEY, START_REPORTERS, RoutesUpdate
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Committed:
+    """What the last deploy committed: its normalized config (checkpointed, shown by
+    status), its ``http_options`` as validated, and the specs it built, by id."""
+
+    config: dict
+    http: HTTPOptions
+    specs: dict[DeploymentId, DeploymentSpec]
+
+
 class Controller:
     def __init__(self, settings: dict) -> None:
         take_control_priority("controller")
-        self._settings_dict = settings
         self._settings = Settings.from_dict(settings)
         self._lock = asyncio.Lock()
-        self._config: dict | None = None
-        self._specs: dict[DeploymentId, DeploymentSpec] = {}
+        self._committed: Committed | None = None  # None until a deploy (or its checkpoint)
         self._shards: list[Any] = []
         self._generation = 0
         self._recovered = False
@@ -71,6 +81,14 @@ class Controller:
         self._recovery: asyncio.Task | None = None
         self._deploying: tuple[str, float] | None = None  # (applications, since)
         self._restarts = _count_restart(self._settings.checkpoint_key)
+
+    @property
+    def _config(self) -> dict | None:
+        return self._committed.config if self._committed is not None else None
+
+    @property
+    def _specs(self) -> dict[DeploymentId, DeploymentSpec]:
+        return self._committed.specs if self._committed is not None else {}
 
     def _kick_recovery(self) -> None:
         """A restarted controller resumes on the first call that reaches it."""
@@ -90,7 +108,9 @@ class Controller:
                 if saved:
                     logger.info("controller: resuming from checkpoint")
                     config, specs = cloudpickle.loads(saved)
-                    await self._commit(config, specs)
+                    # validated when it was deployed; parsed again into its typed form
+                    http = HTTPOptions.model_validate(config["http_options"])
+                    await self._commit(config, http, specs)
         return {"generation": self._generation, "num_shards": len(self._shards)}
 
     async def deploy(self, config: dict) -> dict:
@@ -112,7 +132,7 @@ class Controller:
                            time.monotonic())
         try:  # raises: nothing changed
             specs, warnings = await build_all(normalized["applications"], timeout_s)
-            result = await self._commit(normalized, specs, checkpoint=True)
+            result = await self._commit(normalized, cfg.http_options, specs, checkpoint=True)
             result["warnings"] = [*ignored_fields(cfg), *warnings, *result["warnings"]]
             return result
         finally:
@@ -125,11 +145,11 @@ class Controller:
         apps, since = self._deploying
         return f"a deploy of {apps} started {time.monotonic() - since:.0f}s ago"
 
-    async def _commit(self, normalized: dict, specs: list[DeploymentSpec],
+    async def _commit(self, normalized: dict, http: HTTPOptions, specs: list[DeploymentSpec],
                       checkpoint: bool = False) -> dict:
         num_shards = normalized["controller_options"]["num_shards"]
-        specs = with_direct_ingress(specs, normalized["http_options"])
-        await self._proxies.ensure(normalized["http_options"])  # raises: nothing changed
+        specs = with_direct_ingress(specs, http)
+        await self._proxies.ensure(http)  # raises: nothing changed
         if checkpoint:
             # The built specs are checkpointed, not only the config: a restarted controller
             # resumes exactly what was deployed, without re-importing code edited since.
@@ -138,8 +158,7 @@ class Controller:
         self._ensure_shards(num_shards)
         # after the shards (their workers start first), before the replicas the push starts
         await self._ensure_reporters(specs)
-        self._specs = {s.id: s for s in specs}
-        self._config = normalized
+        self._committed = Committed(normalized, http, {s.id: s for s in specs})
         self._generation += 1
         await self._push()
         self._nodes.start()
@@ -168,7 +187,7 @@ class Controller:
         self._shards = [remote_shard.options(
             name=shard_actor_name(i), namespace=self._settings.namespace, lifetime="detached",
             num_cpus=0, get_if_exists=True, max_concurrency=10_000, max_restarts=-1,
-        ).remote(i, self._settings_dict) for i in range(num_shards)]
+        ).remote(i, self._settings.to_dict()) for i in range(num_shards)]
         for i, shard in enumerate(self._shards):
             self._supervisor.watch(f"shard_{i}", shard, lambda i=i: self._recover_shard(i))
 
@@ -225,8 +244,8 @@ class Controller:
         if changes.left:
             logger.info("nodes left: %s", ", ".join(n[:12] for n in changes.left))
             await self._proxies.forget(list(changes.left))
-        if changes.joined and self._config is not None:
-            await self._proxies.ensure(self._config["http_options"])
+        if changes.joined and self._committed is not None:
+            await self._proxies.ensure(self._committed.http)
             await self._ensure_reporters(list(self._specs.values()))
         if changes.drains is not None:
             logger.info("draining nodes: %s", {n[:12]: d for n, d in changes.drains.items()})
@@ -274,7 +293,7 @@ class Controller:
         nodes = self._nodes.nodes or await asyncio.to_thread(read_nodes)
         self._explain_placement(status, [dict(n.resources) for n in nodes.values() if n.alive])
         status["controller"]["proxies"] = self._proxies.addresses()
-        ingress = (self._config or {}).get("http_options", {}).get("ingress", "proxy")
+        ingress = self._committed.http.ingress if self._committed is not None else "proxy"
         status["controller"]["ingress"] = ingress
         listeners = await self._proxies.describe()
         if ingress == "haproxy":
@@ -314,7 +333,7 @@ class Controller:
             await asyncio.to_thread(_kill_reporters, self._settings.namespace)
             internal_kv._internal_kv_del(self._settings.checkpoint_key)
             internal_kv._internal_kv_del(f"{self._settings.checkpoint_key}/restarts")
-            self._shards, self._specs, self._config = [], {}, None
+            self._shards, self._committed = [], None
             return {"drained": all(d is True for d in drained)}
 
 

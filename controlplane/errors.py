@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+import traceback as _traceback
+
 
 def first_line(error: BaseException) -> str:
     """An error in one line for logs and messages (Ray's carry whole tracebacks)."""
@@ -172,3 +174,28 @@ class RouterClosedError(Exception):
 
 class ControllerUnavailable(NoInstance):
     """The controller did not answer: Ray is restarting it (transient: try again)."""
+
+
+class DeploymentRaised(Exception):
+    """The user's code raised while answering an HTTP request, before the response head
+    went out. The front door answers a bare 500 with a request id and logs ``traceback``
+    under that id: an exception's text can carry secrets, so it reaches the client only
+    where ``http_options.show_error_messages`` says so (Ray Serve answers a bare
+    "Internal Server Error"). ``text`` is ``Type: message``; ``traceback`` the whole of it
+    (a remote one, as Ray carried it, on the proxy)."""
+
+    status_code = 500
+
+    def __init__(self, text: str, traceback: str) -> None:
+        super().__init__(text, traceback)
+        self.text = text
+        self.traceback = traceback
+
+    def __str__(self) -> str:
+        return f"the deployment raised {self.text}"
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> DeploymentRaised:
+        """The user's exception, caught where it was raised (a direct-ingress replica)."""
+        return cls(f"{type(error).__name__}: {error}",
+                   "".join(_traceback.format_exception(error)))

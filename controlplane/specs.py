@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from controlplane.wire import DirectIngressInit, HTTPLimits
+from controlplane.config.options import HTTPOptions
+from controlplane.wire import DirectIngressInit
 
 # Built-in defaults, the same as Ray Serve 2.60's where Serve has the field.
 DEPLOYMENT_DEFAULTS: Mapping[str, Any] = {
@@ -83,21 +84,24 @@ def shard_of(dep_id: DeploymentId, num_shards: int) -> int:
     return int.from_bytes(digest, "big") % num_shards
 
 
-def with_direct_ingress(specs: list[DeploymentSpec], http_options: dict) -> list[DeploymentSpec]:
+def with_direct_ingress(specs: list[DeploymentSpec], http: HTTPOptions) -> list[DeploymentSpec]:
     """In haproxy mode, each application's ingress deployment serves HTTP on its replicas
-    (``DirectIngressInit``); in proxy mode, none does. Idempotent."""
-    haproxy = http_options.get("ingress") == "haproxy"
+    (``DirectIngressInit``), admitting and rejecting as its routers would; in proxy mode,
+    none does. Idempotent."""
+    haproxy = http.ingress == "haproxy"
     out = []
     for spec in specs:
         direct = None
         if haproxy and spec.ingress and spec.route_prefix is not None:
             bp = spec.backpressure_config
             direct = DirectIngressInit(
-                host=http_options["host"], route_prefix=spec.route_prefix,
+                host=http.host, route_prefix=spec.route_prefix,
                 max_queued_requests=spec.max_queued_requests,
                 status_code=int(bp.get("status_code", 503)),
                 retry_after_s=bp.get("retry_after_s"),
-                deregistration_window_s=http_options.get("deregistration_window_s", 2.0),
-                limits=HTTPLimits.from_http_options(http_options))
+                retry_after_policy=bp.get("retry_after_policy") or "static",
+                deployment=str(spec.id),
+                deregistration_window_s=http.deregistration_window_s, limits=http.limits(),
+                show_error_messages=http.show_error_messages)
         out.append(dataclasses.replace(spec, direct_ingress=direct))
     return out

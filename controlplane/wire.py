@@ -43,34 +43,35 @@ START_REPORTERS = "replicas.node_reporter:start_reporters"
 
 @dataclass(frozen=True)
 class HTTPLimits:
-    """What one HTTP client may send: ``http_options``' limits, as each listener (a proxy,
-    or a direct-ingress replica) enforces them (``controlplane.routing.http_limits``).
-    The defaults are ``config.HTTPOptions``'s, where each is explained."""
+    """What one HTTP client may send, and how many may connect: ``http_options``' limits,
+    as each listener (a proxy, or a direct-ingress replica) enforces them
+    (``controlplane.routing.http_limits``, ``http_connection``). The defaults are stated
+    here once; ``config.HTTPOptions`` takes them from here and explains each."""
 
     max_request_body_bytes: int = 64 * 2**20
     max_header_bytes: int = 64 * 2**10
     request_header_timeout_s: float = 30.0
     keep_alive_timeout_s: float = 90.0
-
-    @classmethod
-    def from_http_options(cls, http_options: dict) -> HTTPLimits:
-        """The limits of an ``http_options`` dict; a key it lacks keeps its default."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in http_options.items() if k in names})
+    request_body_timeout_s: float = 60.0
+    max_connections: int = 10_000
 
 
 @dataclass(frozen=True)
 class DirectIngressInit:
     """An ingress replica in ``http_options.ingress: haproxy`` mode serves HTTP itself,
-    on an ephemeral port of ``host``, behind its node's HAProxy."""
+    on an ephemeral port of ``host``, behind its node's HAProxy, through the same front
+    door as a proxy (``controlplane.routing.front_door``)."""
 
     host: str
     route_prefix: str
-    max_queued_requests: int = -1
-    status_code: int = 503  # a backpressure rejection's status
-    retry_after_s: float | None = None
-    deregistration_window_s: float = 2.0  # reachable after HAProxy stopped sending it work
-    limits: HTTPLimits = HTTPLimits()  # the same limits as the proxy's
+    max_queued_requests: int
+    status_code: int  # a backpressure rejection's status
+    retry_after_s: float | None
+    deregistration_window_s: float  # reachable after HAProxy stopped sending it work
+    limits: HTTPLimits  # the same limits as the proxy's
+    retry_after_policy: str = "static"  # computed at the replica as a router computes it
+    deployment: str = ""  # "app/name", for a rejection's message
+    show_error_messages: bool = False  # http_options': a 500 carries the exception's text
 
 
 class ReplicaInit(NamedTuple):

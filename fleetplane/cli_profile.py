@@ -36,11 +36,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from controlplane.ingress.listener import LISTENER_PREFIX
 from controlplane.settings import Settings, shard_actor_name
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOP_FRAMES = 15
-PROXY_PREFIX = "fleetplane_proxy::"  # controlplane.ingress.proxy_fleet.proxy_actor_name
+PROXY_PREFIX = LISTENER_PREFIX  # a listener actor's name: controlplane.ingress.listener
 REPLICA_PREFIX = "fleetplane_replica::"  # controlplane.replica_client.replica_actor_name
 PERMISSION_HINT = (
     "py-spy may not read process {pid} (permission denied): it needs ptrace. In a container "

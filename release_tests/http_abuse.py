@@ -44,7 +44,7 @@ import requests
 
 from controlplane.config.schema import parse_deploy_config
 from controlplane.instance import Client, start_local_ray
-from controlplane.ingress.proxy_fleet import proxy_actor_name
+from controlplane.ingress.listener import proxy_actor_name
 from release_tests.machine import describe, describe_line
 from tests import abuse_clients as abuse
 

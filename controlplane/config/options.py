@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from controlplane.config.bounds import BuildTimeoutSeconds, PeriodSeconds, Shards
 from controlplane.config.serve_compat import ServeControllerFields, ServeHTTPFields
+from controlplane.wire import HTTPLimits
+
+_LIMITS = HTTPLimits()  # the limits' defaults, stated once on the record listeners get
 
 MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True)
 _MODEL_CONFIG = MODEL_CONFIG
@@ -34,7 +37,7 @@ class HTTPOptions(ServeHTTPFields):
     # What one client may send (controlplane/routing/http_limits.py); the proxy and, in
     # haproxy mode, the replicas' own listeners enforce them. Strict: never a bool.
     max_request_body_bytes: int = Field(
-        64 * 2**20, strict=True, ge=1024, le=2**32,
+        _LIMITS.max_request_body_bytes, strict=True, ge=1024, le=2**32,
         description="Largest request body, in bytes (default 64 MiB): a bigger declared "
         "Content-Length is answered 413 before a byte of it is read, a chunked body 413 as "
         "soon as it passes the limit. The proxy holds a body whole before routing it, so "
@@ -42,22 +45,50 @@ class HTTPOptions(ServeHTTPFields):
         "(~5 MB of JSON), a 25 MB audio upload even base64-encoded in JSON (~34 MB), and "
         "refuses a 100 MB body; raise it for larger uploads.")
     max_header_bytes: int = Field(
-        64 * 2**10, strict=True, ge=1024, le=2**24,
+        _LIMITS.max_header_bytes, strict=True, ge=1024, le=2**24,
         description="Largest request head (request line and headers), in bytes (default "
         "64 KiB: big cookies and tokens fit); a larger one is answered 431 and the "
-        "connection closed. In haproxy mode HAProxy itself refuses a head over about 15 KiB "
-        "(its 16 KiB buffer) with a 400.")
+        "connection closed. In haproxy mode HAProxy answers the 431 itself; its buffer "
+        "is sized 16 KiB over this, and a head over the buffer gets HAProxy's own 400.")
     request_header_timeout_s: float = Field(
-        30.0, strict=True, ge=0.1, le=3600, allow_inf_nan=False,
+        _LIMITS.request_header_timeout_s, strict=True, ge=0.1, le=3600, allow_inf_nan=False,
         description="Longest time from a connection's open (or a request's first byte) to "
         "its complete head (default 30 s): a slow client (slowloris) is answered 408 and "
         "disconnected. In haproxy mode, HAProxy's `timeout http-request`.")
+    request_body_timeout_s: float = Field(
+        _LIMITS.request_body_timeout_s, strict=True, ge=1, le=3600, allow_inf_nan=False,
+        description="Longest time from a request's complete head to its complete body "
+        "(default 60 s: 64 MiB at about 1 MB/s): a body still arriving then is answered "
+        "408 and the connection closed, so a client that trickles a body cannot hold a "
+        "connection and the memory of the body. Raise it for slow uploads of large bodies.")
     keep_alive_timeout_s: float = Field(
-        90.0, strict=True, ge=1, le=3600, allow_inf_nan=False,
+        _LIMITS.keep_alive_timeout_s, strict=True, ge=1, le=3600, allow_inf_nan=False,
         description="How long an idle connection is kept open between requests (Ray Serve's "
         "field, and its default: longer than the 60 s idle timeout of common load "
         "balancers, so one in front never reuses a connection the proxy just closed). In "
         "haproxy mode, HAProxy's `timeout http-keep-alive`.")
+    max_connections: int = Field(
+        _LIMITS.max_connections, strict=True, ge=1, le=1_000_000,
+        description="Most connections open at once on each listener (each proxy; in "
+        "haproxy mode HAProxy's frontend and each replica's listener; default 10000): over "
+        "it a proxy or replica closes a new connection at once, before reading it, and "
+        "HAProxy leaves it waiting in the kernel's queue until one closes.")
+    show_error_messages: bool = Field(
+        False, strict=True,
+        description="Development only: a user exception's 500 also carries the exception's "
+        "text. Off (the default), the body names only a request id, and the log line with "
+        "that id has the traceback: an exception's text can carry secrets (Ray Serve "
+        "answers a bare 'Internal Server Error').")
+
+    def limits(self) -> HTTPLimits:
+        """What each listener enforces of these options."""
+        return HTTPLimits(
+            max_request_body_bytes=self.max_request_body_bytes,
+            max_header_bytes=self.max_header_bytes,
+            request_header_timeout_s=self.request_header_timeout_s,
+            keep_alive_timeout_s=self.keep_alive_timeout_s,
+            request_body_timeout_s=self.request_body_timeout_s,
+            max_connections=self.max_connections)
 
 
 class ControllerOptions(ServeControllerFields):

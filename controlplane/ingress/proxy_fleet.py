@@ -20,7 +20,9 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from controlplane.config.options import HTTPOptions
 from controlplane.errors import DeployRejected
+from controlplane.ingress.listener import proxy_actor_name
 from controlplane.nodes import read_nodes
 from controlplane.settings import Settings
 from controlplane.supervision import Supervisor
@@ -28,15 +30,11 @@ from controlplane.supervision import Supervisor
 logger = logging.getLogger(__name__)
 
 
-def proxy_actor_name(node_id: str, index: int) -> str:
-    return f"fleetplane_proxy::{node_id}::{index}"
-
-
 class ProxyFleet:
     def __init__(self, settings: Settings, supervisor: Supervisor) -> None:
         self._settings = settings
         self._supervisor = supervisor
-        self._http: dict | None = None
+        self._http: HTTPOptions | None = None
         self._proxies: dict[str, list[Any]] = {}  # node_id -> its listeners, by index
         self._addresses: dict[str, str] = {}  # node_id -> the URL its listeners serve
         self._draining: set[str] = set()
@@ -45,24 +43,26 @@ class ProxyFleet:
     def addresses(self) -> list[str]:
         return [self._addresses[n] for n in sorted(self._addresses)]
 
-    async def ensure(self, http_options: dict) -> None:
+    async def ensure(self, http: HTTPOptions) -> None:
         async with self._lock:
-            await self._ensure(http_options)
+            await self._ensure(http)
 
-    async def _ensure(self, http_options: dict) -> None:
-        if self._http is not None and http_options != self._http:
+    async def _ensure(self, http: HTTPOptions) -> None:
+        if self._http is not None and http != self._http:
             raise DeployRejected(
-                f"http_options cannot change on a running instance (running: {self._http}, "
-                f"requested: {http_options}); keep them or run `fleetplane shutdown` first")
+                f"http_options cannot change on a running instance (running: "
+                f"{self._http.model_dump(exclude_defaults=True)}, requested: "
+                f"{http.model_dump(exclude_defaults=True)}); keep them or run "
+                f"`fleetplane shutdown` first")
         # not on a draining node: Ray places nothing new there (ready would never answer)
         nodes = [n for n, info in (await asyncio.to_thread(read_nodes)).items()
                  if info.alive and not info.draining and n not in self._proxies]
-        listeners = _listeners(http_options)
+        listeners = _listeners(http)
         started: dict[str, list[Any]] = {node: [] for node in nodes}
         addresses: dict[str, str] = {}
         created: list[Any] = []
         for indexes in ([0], range(1, listeners)):  # the port checked free, then shared
-            batch = {(node, i): self._start(node, i, http_options) for node in nodes
+            batch = {(node, i): self._start(node, i, http) for node in nodes
                      for i in indexes}
             created += [proxy for proxy, new in batch.values() if new]
             answers = await self._ready(batch, created)
@@ -71,7 +71,7 @@ class ProxyFleet:
                 addresses[node] = address
         self._proxies.update(started)
         self._addresses.update(addresses)
-        self._http = dict(http_options)
+        self._http = http
         for node_id, proxies in started.items():  # a restarted proxy is told to serve again
             for i, proxy in enumerate(proxies):
                 self._supervisor.watch(_watch_name(node_id, i), proxy,
@@ -105,26 +105,27 @@ class ProxyFleet:
         results = await asyncio.gather(*calls, return_exceptions=True)
         for error in (r for r in results if isinstance(r, BaseException)):
             logger.warning("a draining node's listener was not told: %r", error)
-    def _start(self, node_id: str, index: int, http_options: dict) -> tuple[Any, bool]:
+    def _start(self, node_id: str, index: int, http: HTTPOptions) -> tuple[Any, bool]:
         """(the listener, whether it was created now): a restarted controller adopts the
-        listeners that kept serving."""
+        listeners that kept serving. Either kind keeps the contract of ``listener``."""
         name = proxy_actor_name(node_id, index)
         try:
             return ray.get_actor(name, namespace=self._settings.namespace), False
         except ValueError:
             pass
-        if http_options.get("ingress") == "haproxy":
+        # Imported here: the controller's process never serves HTTP, so it loads uvicorn
+        # and the listeners' code only once it starts one.
+        if http.ingress == "haproxy":
             from controlplane.ingress.haproxy.ingress import HAProxyIngress as actor_class
         else:
             from controlplane.ingress.proxy import Proxy as actor_class
 
-        listeners = _listeners(http_options)
         return ray.remote(actor_class).options(
             name=name, namespace=self._settings.namespace,
             lifetime="detached", num_cpus=0, max_concurrency=100_000, get_if_exists=True,
             max_restarts=-1,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(self._settings.to_dict(), http_options, index, listeners, index == 0), True
+        ).remote(self._settings.to_dict(), http, index, _listeners(http), index == 0), True
 
     async def _ready(self, batch: dict, created: list[Any]) -> list[str]:
         """Wait for ``batch``'s listeners to serve; if one cannot, kill every listener
@@ -166,9 +167,7 @@ def _watch_name(node_id: str, index: int) -> str:
     return f"proxy_{node_id[:12]}_{index}"
 
 
-def _listeners(http_options: dict) -> int:
+def _listeners(http: HTTPOptions) -> int:
     """Proxies per node; one HAProxy manager per node in haproxy mode (HAProxy's own
     master keeps its workers)."""
-    if http_options.get("ingress") == "haproxy":
-        return 1
-    return http_options.get("proxies_per_node", 1)
+    return 1 if http.ingress == "haproxy" else http.proxies_per_node

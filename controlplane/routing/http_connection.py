@@ -13,6 +13,14 @@ bound but answers it 400, and is slower. This subclass adds, per ``HTTPLimits``:
 - head time: from the connection's open, or a request's first byte after a keep-alive
   idle, its head must be whole within ``request_header_timeout_s``: else 408 (RFC 9110
   §15.5.9) when part of it came, a silent close when nothing did (an idle preconnect).
+- body time: from its head's end, a request's body must be whole within
+  ``request_body_timeout_s``: else 408 while nothing was answered (the app's ``receive``
+  then says the client left, so it lets go of what it read), the connection dropped when
+  an answer had started. A slow body would otherwise hold its connection, and up to
+  ``max_request_body_bytes`` of memory, for as long as its client trickles.
+- connections: past ``max_connections`` open on the listener, a new one is closed at once,
+  before a byte of it is read (the cheapest refusal, as Node's ``server.maxConnections``:
+  a client may retry, HAProxy retries another replica); one log line per 10 s counts them.
 - idle between requests: uvicorn's own keep-alive timer (``keep_alive_timeout_s``).
 - a refusal (431, 408, the parser's 400, an app's 413 while the body still arrives)
   closes lingering, as nginx's ``lingering_close`` and Go's ``closeWriteAndWait`` do:
@@ -21,10 +29,15 @@ bound but answers it 400, and is slower. This subclass adds, per ``HTTPLimits``:
   that writes its whole body before reading, as ``requests`` and ``httpx`` do, would
   otherwise see "connection reset" and not the 413).
 
+One timer per connection, never one per request: it checks the deadline in progress (the
+head's, else the body's) when it fires and is armed again only while one is.
+
 Depends on uvicorn's httptools protocol's hooks (``on_headers_complete``,
-``on_message_complete``, ``on_response_complete``, ``send_400_response``) and on its
-request cycle closing ``cycle.transport``; ``tests/unit/test_http_connection.py`` drives
-a real instance over a fake transport and pins each behaviour.
+``on_message_complete``, ``on_response_complete``, ``send_400_response``), its
+``connections`` set and ``pipeline``, and on its request cycle (closing
+``cycle.transport``; ``disconnected`` and ``message_event`` as its ``connection_lost``
+sets them); ``tests/unit/test_http_connection.py`` drives a real instance over a fake
+transport and pins each behaviour.
 """
 
 from __future__ import annotations
@@ -41,11 +54,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from controlplane.wire import HTTPLimits
 
 _LINGER_S = 3.0  # nginx lingers up to 30 s, Go 0.5 s; a loopback 100 MB body drains in 0.1 s
+logger = logging.getLogger(__name__)
 
 
 def server_config(app: Any, limits: HTTPLimits) -> uvicorn.Config:
     """uvicorn's config for a listener serving ``app`` within ``limits``."""
-    protocol = type("LimitedHTTPProtocol", (LimitedHTTPProtocol,), {"limits": limits})
+    protocol = type("LimitedHTTPProtocol", (LimitedHTTPProtocol,),
+                    {"limits": limits, "refusals": RefusalLog()})
     config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off",
                             access_log=False, timeout_keep_alive=limits.keep_alive_timeout_s)
     uvicorn_log = logging.getLogger("uvicorn.error")  # after Config: it configures logging
@@ -80,6 +95,27 @@ class InvalidRequestLogFilter(logging.Filter):
         return True
 
 
+class RefusalLog:
+    """Connections refused over the cap, said once per ``every_s`` with their count (a
+    line each would flood the log exactly when the listener is busiest)."""
+
+    def __init__(self, every_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._every_s, self._clock = every_s, clock
+        self._last: float | None = None
+        self._count = 0
+
+    def refused(self, cap: int) -> None:
+        self._count += 1
+        now = self._clock()
+        if self._last is not None and now - self._last < self._every_s:
+            return
+        logger.warning("refused %d connection(s) at the cap of %d open on this listener "
+                       "(http_options.max_connections) since the last such line (at most "
+                       "one per %g s)", self._count, cap, self._every_s)
+        self._last, self._count = now, 0
+
+
 class _CycleTransport:
     """The transport as uvicorn's request cycle sees it: its ``close`` (after an answer
     with ``connection: close``, or to abort one) closes lingering; the rest is the
@@ -96,7 +132,8 @@ class _CycleTransport:
 class LimitedHTTPProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol within ``limits`` (the module's docstring says how)."""
 
-    limits: HTTPLimits = HTTPLimits()  # each listener's own: server_config
+    limits: HTTPLimits  # each listener's own, with its RefusalLog: server_config
+    refusals: RefusalLog
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -104,20 +141,23 @@ class LimitedHTTPProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._heads = 0  # heads parsed on this connection
         self._head_deadline: float | None = None  # loop time the head in progress is due
-        # One timer per connection, not per request: it checks the deadline when it fires
-        # and is armed again only while a head is in progress.
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_deadline: float | None = None  # loop time the body in progress is due
+        self._timer: asyncio.TimerHandle | None = None  # checks the deadlines (docstring)
         self._linger_timer: asyncio.TimerHandle | None = None
         self._lingering = False  # answered and closing: what the client still sends is dropped
 
     # ---- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(transport)  # counted in ``connections`` from here
+        if len(self.connections) > self.limits.max_connections:
+            self.refusals.refused(self.limits.max_connections)
+            transport.close()
+            return
         self._head_starts()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_head_timer()
+        self._cancel_timer()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         super().connection_lost(exc)
@@ -160,6 +200,7 @@ class LimitedHTTPProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head, self._head_deadline = False, None
         self._heads += 1
+        self._body_starts()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and not isinstance(cycle.transport, _CycleTransport):
@@ -168,6 +209,7 @@ class LimitedHTTPProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._in_head, self._head_bytes = True, 0  # the next request's head starts
+        self._body_deadline = None
 
     def on_response_complete(self) -> None:
         if self._lingering:  # no keep-alive, no next pipelined request
@@ -182,30 +224,60 @@ class LimitedHTTPProtocol(HttpToolsProtocol):
 
     def _head_starts(self) -> None:
         self._head_deadline = self.loop.time() + self.limits.request_header_timeout_s
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.limits.request_header_timeout_s,
-                                                    self._check_head)
+        self._arm(self.limits.request_header_timeout_s)
 
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _body_starts(self) -> None:
+        self._body_deadline = self.loop.time() + self.limits.request_body_timeout_s
+        self._arm(self.limits.request_body_timeout_s)
 
-    def _check_head(self) -> None:
-        self._head_timer = None
-        deadline = self._head_deadline
-        if deadline is None or self._lingering or self.transport.is_closing():
-            return  # no head in progress: the next one arms the timer again
+    def _arm(self, delay_s: float) -> None:
+        """Arm the connection's timer unless it is armed: a pending one checks again."""
+        if self._timer is None:
+            self._timer = self.loop.call_later(delay_s, self._check_deadlines)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_deadlines(self) -> None:
+        self._timer = None
+        if self._lingering or self.transport.is_closing() or \
+                self.transport.get_protocol() is not self:  # upgraded: no HTTP to time
+            return
+        if self._head_deadline is not None:
+            self._check_head(self._head_deadline)
+        elif self._body_deadline is not None:
+            self._check_body(self._body_deadline)
+        # else nothing in progress: the next head or body arms the timer again
+
+    def _check_head(self, deadline: float) -> None:
         left_s = deadline - self.loop.time()
         if left_s > 0 or self._answering():  # a later head; or one pipelined behind an answer
-            self._head_timer = self.loop.call_later(
-                left_s if left_s > 0 else self.limits.request_header_timeout_s / 10,
-                self._check_head)
+            self._arm(left_s if left_s > 0 else self.limits.request_header_timeout_s / 10)
         elif self._head_bytes == 0:
             self.transport.close()  # nothing of a request came: no one to answer
         else:
             self._refuse(408, "request head not complete in time "
                               "(http_options.request_header_timeout_s)")
+
+    def _check_body(self, deadline: float) -> None:
+        left_s = deadline - self.loop.time()
+        if left_s > 0 or self.pipeline:  # a later body; or one queued (unread) behind another
+            self._arm(left_s if left_s > 0 else self.limits.request_body_timeout_s / 10)
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_started:  # an answer is out: it cannot change
+            self.transport.close()
+            return
+        # The app waits in ``receive`` for the rest: tell it the client left, as uvicorn's
+        # connection_lost does (its sends are dropped from now on), then answer for it.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self.transport.write(_answer(408, "request body not complete in time "
+                                          "(http_options.request_body_timeout_s)",
+                                     self.server_state.default_headers))
+        self._close_lingering()
 
     def _answering(self) -> bool:
         return self.cycle is not None and not self.cycle.response_complete
@@ -223,7 +295,7 @@ class LimitedHTTPProtocol(HttpToolsProtocol):
         if self._lingering or self.transport.is_closing():
             return
         self._lingering = True
-        self._cancel_head_timer()
+        self._cancel_timer()
         self._unset_keepalive_if_required()
         if self.transport.can_write_eof():
             self.transport.write_eof()  # after what is buffered: the client sees the answer end

@@ -1,8 +1,8 @@
 """The routers of one process (a proxy, or a replica holding handles).
 
 ``RouterSet`` keeps one ``Router`` per deployment, fed by ``RoutingSubscriber`` pushes,
-and answers handle calls and HTTP requests through them. HTTP requests hold their router
-slot for the whole streamed response.
+and answers handle calls and HTTP requests through them: a proxy's ``front_door.Backend``.
+HTTP requests hold their router slot for the whole streamed response.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator
 
 from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
-from controlplane.routing.asgi import MODEL_ID_HEADER, header_value, rejection_headers, respond
+from controlplane.routing.asgi import MODEL_ID_HEADER, header_value, respond
 from controlplane.routing.router import Router, RouterStatistics
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import RayTransport, ReplicaTransport, relay_websocket
@@ -79,11 +79,12 @@ class RouterSet:
             async for item in self.transport.stream(replica, (method, args, kwargs, meta)):
                 yield item
 
-    async def serve_websocket(self, key: str, data: HTTPRequestData, subprotocols: list[str],
+    async def serve_websocket(self, key: str, data: HTTPRequestData, scope: dict,
                               receive: Any, send: Any) -> None:
         """Relay one WebSocket to a replica of the deployment, in one slot held for the
         socket's life. No replica, a full queue or a dead replica: closed before accept
         (the client sees 403), as Serve's proxy answers."""
+        subprotocols = list(scope.get("subprotocols", []))
         try:
             async with self._router_for_call(key).slot() as replica:
                 handle = self.transport.handle(replica)
@@ -97,23 +98,15 @@ class RouterSet:
             raise RouterClosedError(key, "it has no running replicas")
         return router
 
-    async def serve_http(self, key: str, data: HTTPRequestData,
-                         send: Any) -> tuple[int, BackpressureError | None]:
-        """Answer one HTTP request through the deployment's router. Returns the status
-        sent and, for a backpressure rejection, the rejection (for metrics). Raises
+    async def serve_http(self, key: str, data: HTTPRequestData, send: Any) -> int:
+        """Answer one HTTP request through the deployment's router; the status sent.
+        Raises, having sent nothing, what the front door answers (``BackpressureError``,
+        ``ReplicaUnavailableError``, ``RouterClosedError``, ``DeploymentRaised``), or
         ``StreamAborted`` when the replica failed after the response head went out."""
         router = self._placeable(key)
         if router is None:  # with the same hint a rejection gives
             await respond(send, 503, f"deployment {key} has no running replicas",
                           [(b"retry-after", b"1")])
-            return 503, None
-        try:
-            model_id = header_value(data.headers, MODEL_ID_HEADER)
-            async with router.slot(model_id) as replica:
-                return await self.transport.send_http(replica, data, send), None
-        except BackpressureError as e:
-            await respond(send, e.status_code, str(e), rejection_headers(e.headers()))
-            return e.status_code, e
-        except (ReplicaUnavailableError, RouterClosedError) as e:
-            await respond(send, e.status_code, str(e))  # only raised before the head
-            return e.status_code, None
+            return 503
+        async with router.slot(header_value(data.headers, MODEL_ID_HEADER)) as replica:
+            return await self.transport.send_http(replica, data, send)

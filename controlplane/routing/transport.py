@@ -8,8 +8,10 @@ Error translation, the same for both:
 
 - the replica's actor is gone (Ray's ActorDiedError / ActorUnavailableError for *this*
   call) -> ``ReplicaUnavailableError`` before a response started, ``StreamAborted`` after;
-- the user's code raised -> the user's exception (unwrapped) for a handle call; for HTTP a 500 with
-  its message, or the downstream rejection's own status and Retry-After;
+- the user's code raised -> the user's exception (unwrapped) for a handle call; for HTTP
+  ``DeploymentRaised`` (the front door answers a 500 that names a request id, never the
+  exception's text by default), or a downstream handle's rejection answered with its own
+  status and Retry-After;
 - the caller went away (cancelled) -> the replica's work is cancelled too.
 """
 
@@ -21,7 +23,8 @@ from typing import Any, AsyncIterator, Protocol
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
-from controlplane.errors import BackpressureError, ReplicaUnavailableError, first_line
+from controlplane.errors import (BackpressureError, DeploymentRaised, ReplicaUnavailableError,
+                                 first_line)
 from controlplane.routing.asgi import rejection_headers, respond
 from controlplane.wire import HTTPRequestData, ReplicaInfo
 
@@ -44,7 +47,8 @@ class ReplicaTransport(Protocol):
     ``probe_queue_len`` answers the replica's ongoing + queued requests
     (``Replica.get_queue_len``) within ``deadline_s``, and must never wait for a request
     slot (DESIGN.md principle 3). ``send_http`` answers one HTTP request on ``send`` (an
-    ASGI send) and returns the status sent.
+    ASGI send) and returns the status sent, or raises ``DeploymentRaised`` having sent
+    nothing.
     """
 
     async def send(self, replica: ReplicaInfo, request: Any) -> Any: ...
@@ -181,17 +185,18 @@ def _unwrapped(error: RayTaskError) -> BaseException:
 
 
 def user_error_text(error: RayTaskError) -> str:
-    """The user's exception as text (RayTaskError's str carries their traceback)."""
+    """The user's exception as ``Type: message`` (RayTaskError's str carries their
+    traceback)."""
     cause = error.cause
     return f"{type(cause).__name__}: {cause}" if cause is not None else first_line(error)
 
 
 async def _user_error(send: Any, error: RayTaskError) -> int:
-    """The user's exception as a response: a downstream handle's backpressure keeps its
-    status and Retry-After; anything else is a 500 with the exception's message."""
+    """A downstream handle's backpressure keeps its status and Retry-After (it is not this
+    deployment's admission); anything else is ``DeploymentRaised``, with the traceback
+    Ray carried from the replica."""
     if isinstance(error.cause, BackpressureError):
         cause = error.cause
         await respond(send, cause.status_code, str(cause), rejection_headers(cause.headers()))
         return cause.status_code
-    await respond(send, 500, f"the deployment raised {user_error_text(error)}")
-    return 500
+    raise DeploymentRaised(user_error_text(error), str(error)) from None

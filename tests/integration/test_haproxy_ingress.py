@@ -144,7 +144,7 @@ def test_a_port_another_haproxy_shares_is_refused_and_nothing_runs(fleet):
     """HAProxy listens with SO_REUSEPORT, so a stale one would silently share the port:
     the node's manager checks the port is free first, and the deploy is refused."""
     from controlplane.errors import DeployRejected
-    from controlplane.ingress.proxy import listen_socket
+    from controlplane.routing.listen import listen_socket
 
     with own_fleet("fleetplane_haproxy_busy") as client:
         held = listen_socket("127.0.0.1", port_of(client), exclusive=True)  # SO_REUSEPORT

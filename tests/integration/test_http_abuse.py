@@ -16,7 +16,7 @@ import ray
 import requests
 
 from controlplane.config.schema import parse_deploy_config
-from controlplane.ingress.proxy_fleet import proxy_actor_name
+from controlplane.ingress.listener import proxy_actor_name
 from tests import abuse_clients as abuse
 from tests.integration.conftest import app, own_fleet, port_of, settled, wait_for
 

@@ -104,3 +104,32 @@ def test_http_options_head_timeout_and_keep_alive_are_haproxys(tmp_path):
         assert (seen.status, seen.closed) == (408, True) and seen.seconds < 3
     finally:
         haproxy.stop()
+
+
+def test_a_head_over_max_header_bytes_is_haproxys_own_431_as_through_the_proxy(tmp_path):
+    """A real HAProxy, loopback: a head at the limit passes (its buffer is sized over the
+    limit, not HAProxy's default 16 KiB), one byte over is 431; a head past the buffer
+    itself stays HAProxy's 400, which HAProxy 2.8 writes before any rule applies."""
+    import socket
+
+    from controlplane.wire import HTTPLimits
+    from tests import abuse_clients as abuse
+
+    limits = HTTPLimits(max_header_bytes=20_000, max_connections=500)
+    text = render(Paths(tmp_path), "127.0.0.1", 8000, {"/web": "web/M"}, limits=limits)
+    assert "    tune.bufsize 36384" in text and "    maxconn 500" in text
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    haproxy = HAProxyProcess(Paths(tmp_path))
+    haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"}, limits=limits))
+
+    def head_of(size: int) -> bytes:
+        start = b"GET /-/healthz HTTP/1.1\r\nhost: x\r\nx-pad: "
+        return start + b"p" * (size - len(start) - 4) + b"\r\n\r\n"
+    try:
+        statuses = [abuse.exchange(port, [head_of(size)], timeout_s=1.0).status
+                    for size in (20_000, 20_001, 30_000, 40_000)]
+        assert statuses == [200, 431, 431, 400]
+    finally:
+        haproxy.stop()

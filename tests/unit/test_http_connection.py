@@ -1,8 +1,9 @@
 """A listener's connection (``http_connection.LimitedHTTPProtocol``): the head's size
-(431) and read time (408, or a silent close of an idle connection), a malformed request
-(400), a body over the limit (413), each closed lingering. A real protocol instance
-(uvicorn's parser, our ASGI body limit) over a fake transport, on a virtual clock that
-the test moves: exact deadlines, never a wait."""
+(431) and read time (408, or a silent close of an idle connection), the body's read time
+(408), a malformed request (400), a body over the limit (413), each closed lingering; and
+the listener's cap on open connections. A real protocol instance (uvicorn's parser, our
+ASGI body limit) over a fake transport, on a virtual clock that the test moves: exact
+deadlines, never a wait."""
 
 from __future__ import annotations
 
@@ -18,17 +19,27 @@ from controlplane.routing.http_limits import BodyTooLarge, read_body, refuse_bod
 from controlplane.wire import HTTPLimits
 
 LIMITS = HTTPLimits(max_request_body_bytes=4096, max_header_bytes=1024,
-                    request_header_timeout_s=7.0, keep_alive_timeout_s=60.0)
+                    request_header_timeout_s=7.0, keep_alive_timeout_s=60.0,
+                    request_body_timeout_s=20.0, max_connections=3)
 
 
 async def size_app(scope: dict, receive: Any, send: Any) -> None:
-    """Answers the body's length; 413 over the limit (as the proxy does)."""
+    """Answers the body's length; 413 over the limit (as the proxy does); nothing when
+    the client left."""
     try:
         body = await read_body(receive, scope["headers"], LIMITS.max_request_body_bytes)
     except BodyTooLarge as e:
         await refuse_body(send, e)
         return
-    await respond(send, 200, str(len(body)))
+    if body is not None:
+        await respond(send, 200, str(len(body)))
+
+
+async def early_app(scope: dict, receive: Any, send: Any) -> None:
+    """Answers its head before it reads the body (a streaming upload's echo)."""
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await read_body(receive, scope["headers"], LIMITS.max_request_body_bytes)
+    await send({"type": "http.response.body", "body": b""})
 
 
 class Timer:
@@ -108,14 +119,23 @@ class Transport:
 
 
 class Connection:
-    def __init__(self) -> None:
-        config = server_config(size_app, LIMITS)
-        config.load()
+    def __init__(self, app: Any = size_app, config: Any = None,
+                 state: ServerState | None = None) -> None:
+        """A connection to a listener serving ``app`` (or of ``config``: another
+        connection's listener, with its ``state``)."""
+        if config is None:
+            config = server_config(app, LIMITS)
+            config.load()
+        self.config, self.state = config, state if state is not None else ServerState()
         self.loop, self.transport = TimerLoop(), Transport()
         self.protocol = config.http_protocol_class(
-            config=config, server_state=ServerState(), app_state={}, _loop=self.loop)
+            config=config, server_state=self.state, app_state={}, _loop=self.loop)
         self.transport.protocol = self.protocol
         self.protocol.connection_made(self.transport)
+
+    def another(self) -> Connection:
+        """A new connection to the same listener."""
+        return Connection(config=self.config, state=self.state)
 
     async def send(self, *chunks: bytes) -> bytes:
         """Feed ``chunks``, let the app run, return what was answered."""
@@ -126,9 +146,9 @@ class Connection:
         return self.transport.take()
 
 
-def run(scenario: Callable[[Connection], Any]) -> None:
+def run(scenario: Callable[[Connection], Any], app: Any = size_app) -> None:
     async def main() -> None:
-        await scenario(Connection())
+        await scenario(Connection(app))
     asyncio.run(main())
 
 
@@ -238,6 +258,83 @@ def test_an_idle_kept_connection_is_closed_by_the_keep_alive_timer():
         c.loop.advance(0.01)
         assert c.transport.closed and c.transport.take() == b""
     run(scenario)
+
+
+# ---- the body's time -------------------------------------------------------------------------
+
+def test_a_body_not_whole_in_time_is_a_408_and_the_app_hears_the_client_left():
+    async def scenario(c: Connection) -> None:
+        head = b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n"
+        assert await c.send(head, b"x" * 10) == b""  # at 0 s: due at 20 s
+        c.loop.advance(19.99)
+        assert await c.send(b"x" * 10) == b"" and not c.transport.eof
+        c.loop.advance(0.01)
+        answer = await c.send()  # the app's turn: it read a disconnect, answers nothing
+        assert status(answer) == 408 and b"http_options.request_body_timeout_s" in answer
+        assert answer.count(b"HTTP/1.1") == 1 and lingering(c)
+    run(scenario)
+
+
+def test_a_slow_body_whole_in_time_is_answered_and_the_next_request_has_its_own_time():
+    async def scenario(c: Connection) -> None:
+        head = b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 30\r\n\r\n"
+        await c.send(head)
+        answers = []
+        for _ in range(3):
+            c.loop.advance(6.0)
+            answers.append(await c.send(b"x" * 10))
+        assert answers[:2] == [b"", b""] and answers[2].endswith(b"30")  # whole at 18 s
+        c.loop.advance(3.0)  # past the first body's due time: nothing of a body pending
+        assert (await c.send(head, b"y" * 30)).endswith(b"30")
+        c.loop.advance(30.0)
+        assert not c.transport.eof
+    run(scenario)
+
+
+def test_a_body_late_after_its_answer_started_drops_the_connection():
+    async def scenario(c: Connection) -> None:
+        head = b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n"
+        assert status(await c.send(head)) == 200  # its head went out at once
+        c.loop.advance(20.0)
+        assert c.transport.closed and c.transport.take() == b""  # no second answer
+    run(scenario, early_app)
+
+
+# ---- the listener's connections ---------------------------------------------------------------
+
+def test_a_connection_over_the_cap_is_closed_at_once_and_one_is_taken_when_another_ends(
+        caplog):
+    async def scenario(c: Connection) -> None:
+        second, third = c.another(), c.another()
+        with caplog.at_level(logging.WARNING, logger="controlplane.routing.http_connection"):
+            fourth = c.another()
+        assert fourth.transport.closed and fourth.transport.take() == b""
+        fourth.protocol.connection_lost(None)
+        assert [r.getMessage() for r in caplog.records] == [
+            "refused 1 connection(s) at the cap of 3 open on this listener "
+            "(http_options.max_connections) since the last such line (at most one per 10 s)"]
+        for kept in (c, second, third):  # the three within the cap are served
+            assert status(await kept.send(get())) == 200
+        third.transport.close()
+        third.protocol.connection_lost(None)
+        fifth = c.another()
+        assert status(await fifth.send(get())) == 200
+    run(scenario)
+
+
+def test_refused_connections_are_logged_once_per_interval_with_their_count(caplog):
+    from controlplane.clock import FakeClock
+    from controlplane.routing.http_connection import RefusalLog
+
+    clock = FakeClock()
+    log = RefusalLog(every_s=10.0, clock=clock.monotonic)
+    with caplog.at_level(logging.WARNING, logger="controlplane.routing.http_connection"):
+        for _ in range(300):
+            log.refused(100)
+        clock.advance(10.0)
+        log.refused(100)
+    assert [r.getMessage().split(" at the")[0] for r in caplog.records] == [
+        "refused 1 connection(s)", "refused 300 connection(s)"]
 
 
 # ---- malformed requests, bodies over the limit, and lingering ---------------------------------

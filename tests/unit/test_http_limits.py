@@ -40,10 +40,12 @@ def read(receive: Receive, limit: int, content_length: int | None = None) -> byt
 # ---- the config fields ------------------------------------------------------------------
 
 def test_the_defaults_are_the_same_in_the_config_and_on_the_wire():
-    assert HTTPLimits.from_http_options(HTTPOptions().model_dump()) == HTTPLimits()
+    assert HTTPOptions().limits() == HTTPLimits()
     assert HTTPLimits().max_request_body_bytes == 64 * 2**20  # refuses a 100 MB body
-    assert HTTPLimits.from_http_options({"host": "h", "max_header_bytes": 2048}) == \
+    assert HTTPOptions(host="h", max_header_bytes=2048).limits() == \
         HTTPLimits(max_header_bytes=2048)
+    assert HTTPOptions(max_connections=5, request_body_timeout_s=2).limits() == \
+        HTTPLimits(max_connections=5, request_body_timeout_s=2.0)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -60,6 +62,11 @@ def test_the_defaults_are_the_same_in_the_config_and_on_the_wire():
     ("keep_alive_timeout_s", True, "valid number"),
     ("keep_alive_timeout_s", 0, "greater than or equal to 1"),
     ("keep_alive_timeout_s", 1e308, "less than or equal to 3600"),
+    ("request_body_timeout_s", True, "valid number"),
+    ("request_body_timeout_s", 0.5, "greater than or equal to 1"),
+    ("max_connections", 0, "greater than or equal to 1"),
+    ("max_connections", 1.5, "valid integer"),
+    ("show_error_messages", "yes", "valid boolean"),
     ("port", True, "valid integer"),
     ("proxies_per_node", True, "valid integer"),
 ])
@@ -126,7 +133,7 @@ class Routers:
         self.bodies.append(data.body)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
-        return 200, None
+        return 200
 
 
 class Trimmer:
@@ -151,7 +158,7 @@ def post(app: Any, receive: Receive, content_length: int | None = None) -> list[
 
 def proxy(limit: int) -> tuple[ProxyApp, Routers, Trimmer]:
     routers, trimmer = Routers(), Trimmer()
-    app = ProxyApp(routers, ProxyMetrics(), limits=HTTPLimits(max_request_body_bytes=limit),
+    app = ProxyApp(routers, ProxyMetrics(), HTTPLimits(max_request_body_bytes=limit),
                    trimmer=trimmer)
     app.set_routes(RoutesUpdate(num_shards=1, generation=1, routes={"/a": "a/M"}))
     return app, routers, trimmer
@@ -179,8 +186,8 @@ def test_a_direct_ingress_replica_gets_the_limits_and_answers_413_itself():
     from replicas.direct_ingress import DirectIngressApp
     from tests.unit.shard_harness import make_spec
 
-    http = {"host": "127.0.0.1", "port": 8000, "ingress": "haproxy",
-            "max_request_body_bytes": 4096, "max_header_bytes": 2048}
+    http = HTTPOptions(host="127.0.0.1", port=8000, ingress="haproxy",
+                       max_request_body_bytes=4096, max_header_bytes=2048)
     [spec] = with_direct_ingress([make_spec(1, route_prefix="/a")], http)
     assert spec.direct_ingress.limits == HTTPLimits(max_request_body_bytes=4096,
                                                     max_header_bytes=2048)

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from controlplane.ingress.proxy import listen_socket
+from controlplane.routing.listen import listen_socket
 
 
 def free_port() -> int:
@@ -55,7 +55,7 @@ def test_a_proxy_on_a_draining_node_fails_readiness_not_liveness():
 
     from controlplane.ingress.proxy import ProxyApp
     from controlplane.ingress.proxy_metrics import ProxyMetrics
-    from controlplane.wire import RoutesUpdate
+    from controlplane.wire import HTTPLimits, RoutesUpdate
 
     async def get(app, path):
         sent = []
@@ -65,7 +65,7 @@ def test_a_proxy_on_a_draining_node_fails_readiness_not_liveness():
         await app({"type": "http", "path": path}, None, send)
         return sent[0]["status"], sent[1]["body"]
 
-    app = ProxyApp(None, ProxyMetrics())
+    app = ProxyApp(None, ProxyMetrics(), HTTPLimits())
     app.set_routes(RoutesUpdate(num_shards=1, generation=1, routes={"/a": "a/M"}))
     assert asyncio.run(get(app, "/-/healthz")) == (200, b"success")
     app.draining = True

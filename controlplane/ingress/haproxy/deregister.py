@@ -12,8 +12,9 @@ from typing import Any, Callable
 
 import ray
 
+from controlplane.ingress.listener import LISTENER_PREFIX
+
 logger = logging.getLogger(__name__)
-_PREFIX = "fleetplane_proxy::"
 
 
 class IngressDeregistrar:
@@ -30,7 +31,8 @@ class IngressDeregistrar:
         now = self._monotonic()
         if now - self._found_at >= self._refresh_s:
             names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                     if a["namespace"] == self._namespace and a["name"].startswith(_PREFIX)]
+                     if a["namespace"] == self._namespace
+                     and a["name"].startswith(LISTENER_PREFIX)]
             self._targets = [ray.get_actor(n, namespace=self._namespace) for n in names]
             self._found_at = now
         return self._targets

@@ -1,0 +1,90 @@
+"""What a node's HAProxy should serve, and what its current worker was given.
+
+``Wanted`` is what the long-polls say (routes, each deployment's replica set and limits,
+whether the node drains) plus the servers a deregistration added ahead of the long-poll;
+``Loaded`` is the routes and drain state of the last (re)load and the current worker's
+servers since (runtime API). The ingress actor (``ingress``) turns the difference into a
+reload (routes or drain changed) or runtime-API commands (``membership``).
+
+Threads: the long-poll callbacks write ``Wanted`` on the event loop while the actor's sync
+reads it in a thread: each read starts from a copy (``dict(...)`` copies under the GIL).
+"""
+
+from __future__ import annotations
+
+from controlplane.ingress.haproxy import membership
+from controlplane.wire import RoutingUpdate
+
+EARLY_S = 10.0  # how long a replica added by a deregistration waits for the long-poll
+
+
+class Wanted:
+    def __init__(self) -> None:
+        self.routes: dict[str, str] | None = None  # prefix -> deployment key, once heard
+        self.draining = False  # the node drains: readiness fails (a reload renders it)
+        self._deployments: dict[str, RoutingUpdate] = {}
+        # added by a deregistration before the long-poll brought them: (address, until)
+        self._early: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def set_deployment(self, key: str, update: RoutingUpdate | None) -> None:
+        if update is None:
+            self._deployments.pop(key, None)
+        else:
+            self._deployments[key] = update
+
+    def joined_early(self, backend: str, server: str, address: str, now: float) -> None:
+        """A server added ahead of the long-poll: kept until it brings it, not removed
+        as unknown (at most ``EARLY_S``)."""
+        self._early[(backend, server)] = (address, now + EARLY_S)
+
+    def servers(self, loaded: membership.Servers, now: float) -> membership.Servers:
+        """The members to serve. A deployment whose replica set this actor has not heard
+        yet (it just restarted and adopted a running HAProxy) keeps the servers it has
+        (``loaded``): unknown is not empty."""
+        keys, deployments = set(dict(self.routes or {}).values()), dict(self._deployments)
+        desired = membership.desired_servers({
+            key: [(r.replica_id, r.http_address) for r in update.replicas if r.http_address]
+            for key, update in deployments.items() if key in keys})
+        for key in keys - set(deployments):
+            backend = membership.backend_name(key)
+            desired[backend] = dict(loaded.get(backend, {}))
+        for (backend, server), (address, until) in list(self._early.items()):
+            if now >= until or server in desired.get(backend, {}):
+                del self._early[(backend, server)]  # the long-poll has it (or never will)
+            elif backend in desired:
+                desired[backend][server] = address
+        return desired
+
+    def maxconn(self) -> dict[str, int]:
+        """Each backend's ``maxconn`` per server: its deployment's max_ongoing_requests."""
+        return {membership.backend_name(k): u.max_ongoing_requests
+                for k, u in dict(self._deployments).items()}
+
+
+class Loaded:
+    def __init__(self) -> None:
+        self.routes: dict[str, str] | None = None  # what HAProxy's config has
+        self.draining = False
+        self.servers: membership.Servers = {}  # what the current worker has
+
+    def differs(self, wanted: Wanted) -> bool:
+        """Whether the config must be rendered again (a reload): routes or drain changed."""
+        return (wanted.routes is not None and wanted.routes != self.routes) or \
+            wanted.draining != self.draining
+
+
+class LateLeaving:
+    """Phase 1 off (``ReplicaSettings.deregister_before_stop``, only to show what it
+    prevents): HAProxy is told that a replica left a deregistration window late, as
+    membership applied by a later reload would be."""
+
+    def __init__(self, window_s: float) -> None:
+        self._window_s = window_s
+        self._due: dict[tuple[str, str], float] = {}  # (backend, server) -> when to tell
+
+    def not_yet(self, backend: str, server: str, now: float) -> bool:
+        due = self._due.setdefault((backend, server), now + self._window_s)
+        if due > now:
+            return True
+        del self._due[(backend, server)]
+        return False
