@@ -5,9 +5,8 @@ Each passes all its fields to ``super().__init__`` so it pickles across actors.
 
 from __future__ import annotations
 
-from enum import Enum
-
 import traceback as _traceback
+from enum import Enum
 
 
 def first_line(error: BaseException) -> str:

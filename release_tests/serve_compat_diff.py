@@ -53,9 +53,9 @@ REQUESTS = [  # (method, path, json body, headers)
     ("GET", "/compat-shop?item=cake", None, {}),
 ]
 _PER_REPLICA = ("replica", "tag")  # differ by nature: left out
-# Differences by design, with the reason (README: a user exception is a 500 with its message;
-# Serve answers a bare "Internal Server Error").
-BY_DESIGN = {"GET /compat-multi": "a user exception: 500 with its message"}
+# Differences by design, with the reason (README: a user exception is a 500 whose body names
+# a request id, to find its traceback in the logs; Serve answers a bare "Internal Server Error").
+BY_DESIGN = {"GET /compat-multi": "a user exception: 500 naming a request id"}
 
 
 def _comparable(response: requests.Response) -> tuple:
