@@ -99,6 +99,14 @@ def slowloris(port: int, path: str, byte_every_s: float, timeout_s: float) -> Se
                     timeout_s=timeout_s)
 
 
+def slow_body(port: int, path: str, byte_every_s: float, timeout_s: float) -> Seen:
+    """A whole head, then its declared body one byte at a time, never finished."""
+    head = (f"POST {path} HTTP/1.1\r\nhost: {HOST}\r\ncontent-length: 100000\r\n"
+            f"\r\n").encode()
+    return exchange(port, [head, *(b"b" for _ in range(100_000))], pause_s=byte_every_s,
+                    timeout_s=timeout_s)
+
+
 def idle(port: int, timeout_s: float) -> Seen:
     """Connects and sends nothing."""
     return exchange(port, [], timeout_s=timeout_s)

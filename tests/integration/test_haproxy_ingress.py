@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from typing import Callable
 
@@ -294,4 +295,47 @@ def test_fastapi_ingress_and_its_websocket_behind_haproxy(haproxy):
     with connect(f"ws://127.0.0.1:{port_of(haproxy)}/compat-api/ws", open_timeout=30) as ws:
         ws.send("there")
         assert ws.recv(timeout=30) == "hey there"
+    send(haproxy, *apps(web_replicas=2, tag="v2"))
+
+
+def test_an_overloaded_replica_tells_the_retry_after_its_policy_computes(haproxy):
+    """The replica's own front door, behind HAProxy, admits and rejects as a proxy's
+    router does: past its slot (max_queued_requests 0) the deployment's 429 with the
+    static Retry-After while its drain rate is cold, then the computed one (nothing
+    queued ahead: the 1 s floor). HAProxy lets that one request more reach the replica
+    (maxconn 2), so the answer is the replica's, with its hint."""
+    import ray
+
+    slow = app("slow", f"{APPS}:Sleeper", deployments=[{
+        "name": "Sleeper", "max_ongoing_requests": 1, "max_queued_requests": 0,
+        "backpressure_config": {"status_code": 429, "retry_after_s": 7,
+                                "retry_after_policy": "router_queue_drain_rate"}}])
+    send(haproxy, *apps(web_replicas=2, tag="v2"), slow)
+    status = wait_for(haproxy, lambda s: settled("slow", 1, "Sleeper")(s)
+                      and s["controller"]["haproxy"][0].get("servers") == 5, what="slow app")
+    [replica] = dep_status(status, "slow", "Sleeper")["replicas"]
+    actor = ray.get_actor(replica["actor_name"], namespace=NAMESPACE)
+    url = f"http://127.0.0.1:{port_of(haproxy)}/slow"
+
+    def overloaded() -> requests.Response:
+        """One request holds the slot; the next is answered at once."""
+        holding = threading.Thread(target=requests.get, args=(f"{url}?s=2",),
+                                   kwargs={"timeout": 30})
+        holding.start()
+        deadline = time.monotonic() + 10
+        while ray.get(actor.get_queue_len.remote(), timeout=10) == 0:
+            assert time.monotonic() < deadline, "the holding request never arrived"
+            time.sleep(0.05)
+        answer = requests.get(f"{url}?s=0", timeout=30)
+        holding.join(30)
+        return answer
+
+    cold = overloaded()
+    assert (cold.status_code, cold.headers.get("Retry-After")) == (429, "7")
+    assert "deployment slow/Sleeper is overloaded" in cold.text
+    warm_until = time.monotonic() + 4.5  # admissions in 4 intervals: the rate is warm
+    while time.monotonic() < warm_until:
+        assert requests.get(f"{url}?s=0.05", timeout=30).text == "done"
+    warm = overloaded()
+    assert (warm.status_code, warm.headers.get("Retry-After")) == (429, "1")
     send(haproxy, *apps(web_replicas=2, tag="v2"))

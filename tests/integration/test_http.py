@@ -20,6 +20,10 @@ pytestmark = pytest.mark.integration
 APPS = "tests.integration.apps"
 
 
+# seed 002's policy with a static fallback it cannot compute: told "7" only while cold
+COMPUTED = {"status_code": 429, "retry_after_s": 7, "retry_after_policy": "router_queue_drain_rate"}
+
+
 def get(path: str, **kwargs) -> requests.Response:
     return requests.get(BASE_URL + path, timeout=30, **kwargs)
 
@@ -37,11 +41,14 @@ def http_apps(fleet):
                "name": "Sleeper", "max_ongoing_requests": 1, "max_queued_requests": 0}]),
            app("hangup", f"{APPS}:Sleeper", deployments=[{
                "name": "Sleeper", "max_ongoing_requests": 1}]),
-           app("broken", f"{APPS}:BrokenModel", deployments=[{"name": "BrokenModel"}]))
+           app("broken", f"{APPS}:BrokenModel", deployments=[{"name": "BrokenModel"}]),
+           app("computed", f"{APPS}:Sleeper", deployments=[{
+               "name": "Sleeper", "max_ongoing_requests": 1, "max_queued_requests": 0,
+               "backpressure_config": COMPUTED}]))
     wait_for(fleet, lambda s: settled("web", 2, "HttpModel")(s) and settled("serveweb", 1, "Composer")(s)
              and settled("serveweb", 1, "Doubler")(s) and settled("slow", 1, "Sleeper")(s)
-             and settled("slow503", 1, "Sleeper")(s) and settled("hangup", 1, "Sleeper")(s),
-             what="http apps")
+             and settled("slow503", 1, "Sleeper")(s) and settled("hangup", 1, "Sleeper")(s)
+             and settled("computed", 1, "Sleeper")(s), what="http apps")
     wait_for(fleet, lambda s: get("/-/routes").json().get("/web") == "web/HttpModel",
              what="proxy routes")
     return fleet
@@ -64,10 +71,11 @@ def test_streaming_response_arrives_in_chunks(http_apps):
     assert len(chunks) >= 2
 
 
-def test_user_exception_is_a_500_with_its_message(http_apps):
+def test_a_user_exception_is_a_500_naming_a_request_id_not_its_message(http_apps):
     r = get("/web?kind=error")
     assert r.status_code == 500
-    assert "bad input from the user's code" in r.text
+    request_id = r.headers["x-request-id"]
+    assert r.text == f"Internal Server Error (request id {request_id})"  # the log has the rest
 
 
 def test_serve_bind_app_with_handle_composition(http_apps):
@@ -86,6 +94,20 @@ def test_overload_rejects_with_retry_after_and_serves_admitted(http_apps, route,
         if r.status_code == code:
             assert r.headers.get("Retry-After") == retry_after
     assert all(r.text == "done" for r in responses if r.status_code == 200)
+
+
+def test_overload_after_traffic_is_told_the_retry_after_the_routers_compute(http_apps):
+    """A router's drain rate warms with the traffic it placed (both proxies get some: each
+    request opens a connection of its own); then what it rejects is told the computed
+    value (no request queued ahead: the 1 s floor), not the static 7 of a cold router."""
+    warm_until = time.monotonic() + 4.5
+    while time.monotonic() < warm_until:
+        assert get("/computed?s=0.05").text == "done"
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda _: get("/computed?s=1.0"), range(8)))
+    rejected = [r for r in responses if r.status_code == 429]
+    assert rejected and {r.status_code for r in responses} <= {200, 429}
+    assert {r.headers.get("Retry-After") for r in rejected} == {"1"}
 
 
 def test_replica_killed_mid_request_fails_fast_with_5xx(http_apps, fleet):

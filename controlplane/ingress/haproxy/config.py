@@ -7,7 +7,9 @@ application route, servers added at run time (dynamic servers, no reload per rep
   leaving replica refuses, or a replica that died before answering, is retried on another
   (a POST or PATCH the replica received is not replayed: 502);
 - ``option httpchk GET /-/healthz`` on every server; ``maxconn`` per server is set when a
-  server is added (``max_ongoing_requests``);
+  server is added (``desired.server_maxconn``: the replica's slots, and with a bounded
+  queue its queue and one more, so that the replica rejects an overflow itself, with the
+  computed Retry-After);
 - a server-state file keeps ``drain``/``maint`` across reloads;
 - ``/-/healthz`` and ``/-/routes`` answered by HAProxy itself, ``/metrics`` by the
   ingress actor: HAProxy's Prometheus exporter (``haproxy_*``: per backend and server, i.e.

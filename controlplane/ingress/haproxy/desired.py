@@ -56,9 +56,21 @@ class Wanted:
         return desired
 
     def maxconn(self) -> dict[str, int]:
-        """Each backend's ``maxconn`` per server: its deployment's max_ongoing_requests."""
-        return {membership.backend_name(k): u.max_ongoing_requests
+        """Each backend's ``maxconn`` per server (``server_maxconn``)."""
+        return {membership.backend_name(k): server_maxconn(u)
                 for k, u in dict(self._deployments).items()}
+
+
+def server_maxconn(update: RoutingUpdate) -> int:
+    """How many requests HAProxy sends one replica at once. A replica admits as a router
+    does (its slots, then ``max_queued_requests`` waiting) and rejects beyond with the
+    Retry-After its policy computes, so with a bounded queue one more than it admits: that
+    request reaches the replica and is rejected at once, with the hint, where HAProxy's own
+    queue would hold it and then answer a 503 without one. With an unbounded queue (-1),
+    its slots: the rest wait in HAProxy's queue."""
+    if update.max_queued_requests < 0:
+        return update.max_ongoing_requests
+    return update.max_ongoing_requests + update.max_queued_requests + 1
 
 
 class Loaded:

@@ -1,0 +1,66 @@
+"""What a node's HAProxy should serve (``Wanted``), what it was given (``Loaded``), and the
+phase-1-off late leaving: pure state, times passed in; no HAProxy, no Ray."""
+
+from __future__ import annotations
+
+from controlplane.ingress.haproxy.desired import (EARLY_S, LateLeaving, Loaded, Wanted,
+                                                  server_maxconn)
+from controlplane.ingress.haproxy.membership import backend_name, server_name
+from controlplane.wire import ReplicaInfo, RoutingUpdate
+
+WEB = backend_name("web/M")
+
+
+def update(*replicas: str, max_ongoing: int = 2, max_queued: int = -1) -> RoutingUpdate:
+    return RoutingUpdate(
+        replicas=tuple(ReplicaInfo(r, f"actor-{r}", "node", http_address=f"10.0.0.1:{i}")
+                       for i, r in enumerate(replicas, start=4000)),
+        max_ongoing_requests=max_ongoing, max_queued_requests=max_queued)
+
+
+def test_the_members_are_the_routed_deployments_running_replicas():
+    wanted = Wanted()
+    wanted.routes = {"/web": "web/M"}
+    wanted.set_deployment("web/M", update("r1", "r2"))
+    wanted.set_deployment("other/M", update("r9"))  # no route to it: not served
+    assert wanted.servers({}, now=0.0) == {
+        WEB: {server_name("r1"): "10.0.0.1:4000", server_name("r2"): "10.0.0.1:4001"}}
+    wanted.set_deployment("web/M", None)  # deleted: nothing known of it
+    assert wanted.servers({WEB: {"s": "10.0.0.1:1"}}, now=0.0) == {WEB: {"s": "10.0.0.1:1"}}
+
+
+def test_a_server_added_ahead_of_the_long_poll_is_kept_until_it_brings_it_or_for_a_while():
+    wanted = Wanted()
+    wanted.routes = {"/web": "web/M"}
+    wanted.set_deployment("web/M", update("r1"))
+    wanted.joined_early(WEB, server_name("r2"), "10.0.0.1:5000", now=100.0)
+    assert server_name("r2") in wanted.servers({}, now=100.0 + EARLY_S - 1)[WEB]
+    assert server_name("r2") not in wanted.servers({}, now=100.0 + EARLY_S)[WEB]
+
+
+def test_a_bounded_queue_lets_one_more_request_reach_the_replica_to_be_rejected_there():
+    assert server_maxconn(update(max_ongoing=2, max_queued=-1)) == 2  # HAProxy queues
+    assert server_maxconn(update(max_ongoing=2, max_queued=0)) == 3
+    assert server_maxconn(update(max_ongoing=2, max_queued=5)) == 8
+    wanted = Wanted()
+    wanted.set_deployment("web/M", update("r1", max_ongoing=4, max_queued=1))
+    assert wanted.maxconn() == {WEB: 6}
+
+
+def test_a_reload_is_due_when_the_routes_or_the_drain_changed():
+    wanted, loaded = Wanted(), Loaded()
+    assert not loaded.differs(wanted)  # no routes heard yet: nothing to load
+    wanted.routes = {"/web": "web/M"}
+    assert loaded.differs(wanted)
+    loaded.routes = dict(wanted.routes)
+    assert not loaded.differs(wanted)
+    wanted.draining = True
+    assert loaded.differs(wanted)
+
+
+def test_with_phase_1_off_haproxy_hears_a_window_late():
+    late = LateLeaving(window_s=2.0)
+    assert late.not_yet(WEB, "s1", now=10.0)
+    assert late.not_yet(WEB, "s1", now=11.9)
+    assert not late.not_yet(WEB, "s1", now=12.0)
+    assert late.not_yet(WEB, "s1", now=12.0)  # leaving again: a new window
