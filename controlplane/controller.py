@@ -240,7 +240,7 @@ class Controller:
     async def _on_nodes(self, changes: NodeChanges, nodes: Mapping[str, NodeInfo]) -> None:
         """The fleet follows the nodes: listeners on a node that joined, none kept for one
         that left; a draining node's listeners fail readiness and the shards move its
-        replicas (``reconcile``: replacements first, then the normal drain)."""
+        replicas (``deployment.reconcile``: replacements first, then the normal drain)."""
         if changes.left:
             logger.info("nodes left: %s", ", ".join(n[:12] for n in changes.left))
             await self._proxies.forget(list(changes.left))

@@ -1,7 +1,7 @@
 """Internal, validated description of one deployment: what the shards reconcile toward.
 
-Built once at the edge (``user_code.build_application``) from the user's code and deploy
-config; inside the control plane it is a frozen dataclass shipped between actors.
+Built once at the edge (``usercode.build.build_application``) from the user's code and
+deploy config; inside the control plane it is a frozen dataclass shipped between actors.
 Invariants: ``code_version`` changes exactly when a running replica must be replaced
 (code, import path, constructor args, actor options or runtime env changed); fields that
 can change in place (num_replicas, user_config, limits, health timings) are not part of it.

@@ -1,17 +1,17 @@
 """The limits of the deploy config: every bound on a number, the shape of a route prefix,
 the size and depth of a free-form JSON value, named once here and said in each error.
 
-``config`` and ``config_serve_compat`` build their fields from these types, and options
-set in code go through the same models (``config.check_deployment_options``), so a
+``schema`` and ``serve_compat`` build their fields from these types, and options set in
+code go through the same models (``schema.check_deployment_options``), so a
 ``serve.deployment(...)`` argument meets the same checks as a line of YAML.
 
 Invariants:
 - A number field takes an int or a float, never a bool (YAML's ``true`` is not 1) nor a
   string; an integer field takes a float only when it is whole (``3.0``). NaN and
   infinity are out of every range.
-- A range error names the range and its unit; ``config`` renders it as
+- A range error names the range and its unit; ``schema`` renders it as
   ``field.path: out of range; use a value from 0.1 to 86400 seconds (got: 1e-09)``.
-- Nothing here imports ``config`` or ``config_serve_compat`` (both import this).
+- Nothing here imports ``schema`` or ``serve_compat`` (both import this).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from pydantic_core import PydanticCustomError
 
 DAY_S = 86_400  # the longest period, timeout or delay: past a day it is a typo, not a plan
 MIN_HEALTH_CHECK_S = 0.1  # a faster check costs a replica more than the requests it serves
-# Per deployment: a deployment lives on one shard, measured to 32K replicas (README,
-# "scale"); the bound leaves room above that and refuses a slip of the keyboard.
+# Per deployment: a deployment lives on one shard, measured to 32K replicas (MEASURED.md,
+# "The control plane at scale"); the bound leaves room above that and refuses a slip of
+# the keyboard.
 MAX_REPLICAS = 100_000
 MAX_ONGOING_REQUESTS = 1_000_000  # per replica
 MAX_QUEUED_REQUESTS = 1_000_000  # per router; -1 still means unlimited
@@ -126,7 +127,7 @@ def _looks_numeric(text: str) -> bool:
 
 
 def _unquote_hint(text: str) -> str:
-    # An unquoted 1e-09 is a number (``config_yaml`` reads exponents as YAML 1.2 does).
+    # An unquoted 1e-09 is a number (``yaml_file`` reads exponents as YAML 1.2 does).
     return f"write {text.strip()} without quotes"
 
 

@@ -7,19 +7,19 @@ Invariants:
 - Every model is frozen and rejects unknown keys, so a typo is an error, not a silent default.
 - Every float is finite and every free-form dict (``user_config``, ``runtime_env``, ``args``)
   is normalised to its JSON form, so ``parse_deploy_config(config_to_dict(c)) == c``.
-- Every number is a number (never a bool) within a range named in ``config_bounds``, which
+- Every number is a number (never a bool) within a range named in ``bounds``, which
   also bounds route prefixes, user_config's size and nesting; a runtime_env's known fields
-  have Ray's types (``config_runtime_env``).
+  have Ray's types (``runtime_env``).
 - In ``DeploymentConfig`` every option defaults to None, meaning "not set here"; the
   code's value or the built-in default applies. ``overrides()`` is what this file sets.
 - Options set in code (``serve.deployment(...)``) go through the same models
-  (``check_deployment_options``, called by ``user_code`` with the config's laid over
+  (``check_deployment_options``, called by ``usercode.build`` with the config's laid over
   them), so the schema is the one place their defaults and checks live; in particular
-  ``AutoscalingConfig`` is what ``autoscaling.AutoscalingPolicy`` is built from.
+  ``AutoscalingConfig`` is what ``deployment.autoscaling.AutoscalingPolicy`` is built from.
 - A bad config raises one ``ConfigError`` listing every problem, each as
   ``field.path: message``, so the user fixes them in one pass.
 - Every field of Ray Serve 2.60's deploy schema is accepted with Serve's type, so an
-  existing Serve config loads; those fleetplane does not act on (``config_serve_compat``)
+  existing Serve config loads; those fleetplane does not act on (``serve_compat``)
   are named by ``ignored_fields`` and logged by ``parse_deploy_config``, never dropped
   without a word. Unknown keys are still errors (Serve itself drops them silently).
 """
@@ -94,8 +94,8 @@ def _as_json(value: Any) -> Any:
     return json.loads(text)
 
 
-# Number fields take config_bounds' types: finite (pydantic's JSON dump writes inf and NaN
-# as null), never a bool, each within its named range.
+# Number fields take the bounds module's types: finite (pydantic's JSON dump writes inf
+# and NaN as null), never a bool, each within its named range.
 JsonDict = Annotated[dict[str, Any], AfterValidator(_as_json)]
 RuntimeEnvDict = Annotated[RuntimeEnvField, AfterValidator(_as_json)]
 Name = Annotated[str, Field(pattern=_NAME_PATTERN)]

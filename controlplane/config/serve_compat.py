@@ -6,11 +6,12 @@ An existing Serve config must load unchanged, so every field of Serve's deploy s
 ``ControllerOptions``) is a field here too, with the type Serve gives it, so a wrong type
 is still an error naming the field. What fleetplane does not implement is declared with
 ``not_acted_on``: it defaults to None ("not set"), and ``ignored_fields`` names each one a
-config sets, so it is never ignored silently. ``config`` mixes these classes into its models.
+config sets, so it is never ignored silently. ``schema`` mixes these classes into its
+models.
 Serve's own shape of one field fleetplane acts on lives here too: ``num_replicas: auto``.
 
-This module imports nothing of ``config`` (``config`` imports it); its number types come
-from ``config_bounds``, as config's do. Serve's checks across these fields
+This module imports nothing of ``schema`` (``schema`` imports it); its number types come
+from ``bounds``, as the schema's do. Serve's checks across these fields
 (``max_replicas_per_node`` with ``placement_group_bundles``...) are not repeated:
 fleetplane acts on neither field.
 """
@@ -55,7 +56,7 @@ def _json_form(value: Any) -> Any:
         raise _invalid(f"must be JSON-serialisable: {exc}") from exc
 
 
-# Numbers as config_bounds takes them (finite, never a bool), in Serve's ranges.
+# Numbers as the bounds module takes them (finite, never a bool), in Serve's ranges.
 _Float = FiniteFloat
 _NonNeg = NonNegativeFloat
 _Pos = PositiveFloat
@@ -88,7 +89,7 @@ def resolve_auto(data: Any) -> Any:
     """Serve's ``num_replicas: auto`` with an ``autoscaling_config`` beside it, in a
     ``deployments[]`` entry: that config over Serve's "auto" defaults, resolved before
     validation so the entry round-trips as a plain autoscaling_config. "auto" alone stays,
-    for ``user_code`` to lay over the code's autoscaling_config (Serve's order)."""
+    for ``usercode.build`` to lay over the code's autoscaling_config (Serve's order)."""
     if not isinstance(data, dict) or data.get("num_replicas") != "auto":
         return data
     given = data.get("autoscaling_config")
@@ -279,7 +280,7 @@ class ServeApplicationFields(BaseModel):
 
 class ServeDeploymentFields(BaseModel):
     """``DeploymentSchema``'s fields beyond fleetplane's (its ``num_replicas: auto`` is
-    acted on, in ``config.DeploymentConfig``)."""
+    acted on, in ``schema.DeploymentConfig``)."""
 
     graceful_shutdown_wait_loop_s: _NonNeg | None = not_acted_on(
         "Seconds between a stopping replica's checks for ongoing requests.")

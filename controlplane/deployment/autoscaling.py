@@ -1,16 +1,16 @@
-"""Replica metric reports and the autoscaling decision.
+"""The autoscaling decision and the load window it decides from (a replica's report is
+``wire.MetricReport``, its pushed health riding on it).
 
 Owns:
 
-- ``MetricReport``: the shape of the periodic report a replica sends its shard, with the
-  replica's pushed health (``PushedHealth``) riding on it.
 - ``MetricWindow`` (``controlplane.deployment.metric_window``, re-exported here): per deployment,
   the recent reports of each replica and the load averaged over the look-back period,
   summed over the replicas the caller says count; kept up to date per report and per
   expiry, so a query never walks the replicas.
 - ``AutoscalingPolicy`` / ``ScalingState`` / ``decide``: the pure decision of how many
   replicas a deployment should target, given that load and ``now``. The policy's
-  defaults and checks are the deploy schema's (``config.AutoscalingConfig``), not here.
+  defaults and checks are the deploy schema's (``config.schema.AutoscalingConfig``), not
+  here.
 
 Invariants:
 
@@ -43,7 +43,7 @@ _RATIO_TOLERANCE = 1e-9
 class AutoscalingPolicy:
     """A deployment's autoscaling settings, as the decision reads them.
 
-    A plain value: the deploy schema (``config.AutoscalingConfig``) is the one place
+    A plain value: the deploy schema (``config.schema.AutoscalingConfig``) is the one place
     their defaults and checks live, and ``from_config`` is the way in.
     """
 

@@ -51,9 +51,9 @@ class GateState:
     """What the controller remembers about one replica's health.
 
     The rules below never mutate one: they return a new state. Not frozen for one reason:
-    the steady path (``DeploymentHealth.record_push``: a healthy push to a replica whose
+    the steady path (``DeploymentHealth.take_steady``: a healthy push to a replica whose
     last observation was healthy) moves ``push_received_at`` in place, which is exactly
-    what ``consume_push`` would return, without an allocation per push (issue 13).
+    what ``consume_push`` would return, without an allocation per push.
     """
 
     failures: int = 0  # consecutive failures of the observation acted on last

@@ -18,11 +18,11 @@ is reported by ``build_with_warnings``, naming application, deployment and optio
 
 Option precedence, lowest first: built-in defaults, options set in code, the deploy
 config's ``deployments[]`` entry. The options set in code, with the entry laid over them,
-go through the deploy schema (``config.check_deployment_options``) like the file's own, so
-a bad ``autoscaling_config`` in ``serve.deployment(...)`` fails the deploy before anything
-is committed, naming the application, the deployment and the field; the schema also fills
-in the autoscaling defaults. This module runs inside a Ray task (``max_calls=1``, so a
-re-deploy imports the user's code afresh); errors are ``BuildError``, one line naming
+go through the deploy schema (``config.schema.check_deployment_options``) like the file's
+own, so a bad ``autoscaling_config`` in ``serve.deployment(...)`` fails the deploy before
+anything is committed, naming the application, the deployment and the field; the schema
+also fills in the autoscaling defaults. This module runs inside a Ray task (``max_calls=1``,
+so a re-deploy imports the user's code afresh); errors are ``BuildError``, one line naming
 the application and the field (``import_path``, ``args``, ``user_config``...), with the
 user's traceback, where there is one, as its ``detail``.
 

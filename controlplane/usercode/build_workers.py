@@ -9,7 +9,7 @@ application: nothing changes, and the controller, which only awaits the builds, 
 answering ``status`` throughout.
 
 Every failure is a ``BuildError`` of one line naming the application and the field, the
-traceback behind it as its ``detail``: the user's code (``user_code``), the application's
+traceback behind it as its ``detail``: the user's code (``build``), the application's
 ``runtime_env`` (Ray checks and uploads it when the build is sent, and sets it up before
 the build runs: a path that does not exist, a wrong type, a package that does not
 install), and a deployment's own ``ray_actor_options.runtime_env`` (checked here, where
