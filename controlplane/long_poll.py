@@ -11,7 +11,7 @@ host's creation time in nanoseconds: a listener that compares with ``!=`` can ne
 new payload for one it already has. ``publish`` of an equal payload is a no-op, so steady
 state wakes nobody.
 
-Deltas (issue 13): ``publish_delta`` stores a change instead of a whole payload. A
+Deltas: ``publish_delta`` stores a change instead of a whole payload. A
 listener that holds one of the last ``MAX_DELTAS`` versions gets the deltas since then
 (``Deltas``), O(changes) to build and to send; any other listener gets the whole payload,
 built from the previous one and the deltas the first time it is asked for (``apply``), so

@@ -39,12 +39,12 @@ class ShardSettings:
     rank_error_retry_s: float = 30.0        # seed 000: back off an erroring rank pass
     rolling_surge_fraction: float = 0.2     # extra replicas a rolling update may start
     # Starts in flight per deployment (0: no bound): a scale-up to 32K asks Ray for this
-    # many actors at once and starts the next as each one is RUNNING (issue 16).
+    # many actors at once, not 32K, and starts the next as each one is RUNNING.
     max_starting_replicas: int = 512
     # Starts and stops carried out per slice of the loop (0: no bound). A tick that plans
     # more (a scale-up or rollout of thousands) does this many, then yields the event loop
     # (reports, probes, routing polls run) and does the next slice at once: the loop is
-    # never blocked for a whole rollout step, and the rollout is not slowed (issue 13).
+    # never blocked for a whole rollout step, and the rollout is not slowed.
     transitions_per_slice: int = 32
     # A new-version replica whose health checks start failing within this many health
     # periods of starting (declared unhealthy at unhealthy_threshold) rolls the rollout back.
@@ -57,8 +57,9 @@ class ShardSettings:
 class ReplicaSettings:
     metrics_report_interval_s: float = 1.0  # replica -> shard metric reports
     # Reports travel through one reporter per node, which sends each shard one batch per
-    # this interval (issue 13: one call per report cost a shard ~555 us each). Unhealthy
-    # results always go directly. 0: every report goes directly to the shard.
+    # this interval (one Ray call per report cost a shard ~555 us of CPU: see
+    # ``replicas.report_batch``). Unhealthy results always go directly. 0: every report
+    # goes directly to the shard.
     report_batch_interval_s: float = 1.0
     # A stopping replica keeps serving this long first: routers learn it is leaving by
     # long-poll, and requests already sent to it still arrive (no 502 on scale-down).

@@ -46,7 +46,7 @@ class HTTPLimits:
     """What one HTTP client may send, and how many may connect: ``http_options``' limits,
     as each listener (a proxy, or a direct-ingress replica) enforces them
     (``controlplane.routing.http_limits``, ``http_connection``). The defaults are stated
-    here once; ``config.HTTPOptions`` takes them from here and explains each."""
+    here once; ``config.options.HTTPOptions`` takes them from here and explains each."""
 
     max_request_body_bytes: int = 64 * 2**20
     max_header_bytes: int = 64 * 2**10
@@ -221,7 +221,8 @@ class RouterDemand:
 @dataclass(frozen=True)
 class ClusterDemand:
     """A deployment's demand over all its routers, as its shard publishes it
-    (``routing.cluster_demand``, the ``cluster_informed`` Retry-After policy)."""
+    (``deployment.demand_board``; read by the ``cluster_informed`` Retry-After policy,
+    ``routing.retry_after``)."""
 
     queued: int
     drain_per_s: float
@@ -235,7 +236,8 @@ class ClusterDemand:
 
 @dataclass(frozen=True)
 class RoutingDelta:
-    """A change of a deployment's serving set since one version (issue 13): replicas that
+    """A change of a deployment's serving set since one version, sent instead of the whole
+    set (a start or a stop costs routers that replica, not all thousands): replicas that
     joined or changed what routers see of them, and ids that left. Limits do not change
     in a delta (a limit change is a full ``RoutingUpdate``)."""
 

@@ -25,7 +25,7 @@ from replicas.llm_verdict import (Action, Answer, CheckState, Judgement, Verdict
                                   judge_read)
 
 # Stuck needs two intervals without an engine step, so two intervals must outlast the
-# longest healthy step: JIT compiles have stalled vLLM steps for 30-70 s (issue 5).
+# longest healthy step: JIT compiles have stalled vLLM steps for 30-70 s.
 DEFAULT_INTERVAL_S = 40.0
 TINY_PROMPT = "ping"
 

@@ -1,5 +1,6 @@
 """The node reporter: one actor per node (and fleetplane namespace) that relays the metric
-reports of that node's replicas to their shards in batches (issue 13).
+reports of that node's replicas to their shards in batches, so a shard takes one call
+per node per interval, not one per replica report (why: ``report_batch``).
 
 A thin shell over ``report_batch.ReportBatcher``: replicas call ``report`` (a local call:
 the actor is pinned to their node), and every ``interval_s`` the reporter sends each shard

@@ -1,6 +1,6 @@
 """Node-batched metric reports: the per-node batcher. No Ray, no I/O.
 
-Why (issue 13): one Ray actor call per replica report cost a shard ~555 us of CPU per
+Why: one Ray actor call per replica report cost a shard ~555 us of CPU per
 update, so one shard could not hold 32K replicas. The replicas of a node hand their
 reports to that node's reporter (``replicas.node_reporter.NodeReporter``; the row format,
 ``ReportRow``, is the wire's) over a local call; it

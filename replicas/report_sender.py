@@ -1,7 +1,7 @@
 """Where a replica's metric report goes: its node's reporter, or its shard directly.
 
 Owns the choice per report and the fallback when the node reporter is missing, dead,
-slow or says no (``replicas.node_reporter``; issue 13).
+slow or says no (``replicas.node_reporter``).
 
 Invariants:
 

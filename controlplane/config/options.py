@@ -1,6 +1,6 @@
 """The instance-wide sections of a deploy config: ``http_options`` (with the limits on
 what one client may send), ``controller_options``, and a deployment's
-``backpressure_config``. Split from ``config`` by concept; ``config`` re-exports them."""
+``backpressure_config``. Split from ``schema`` by concept; ``schema`` re-exports them."""
 
 from __future__ import annotations
 
@@ -111,8 +111,8 @@ class BackpressureConfig(BaseModel):
         "static", description="How Retry-After is chosen: the static retry_after_s; computed "
         "from the rejecting router's queue depth and drain rate (router_queue_drain_rate, "
         "seed 002; queue_drain_rate is upstream Ray Serve's name for it); arrival_aware: "
-        "each rejected client booked a future second with room left by the arrivals "
-        "(issue 14); or cluster_informed: arrival_aware over every router's queue and rates "
+        "each rejected client booked a future second with room left by the arrivals; "
+        "or cluster_informed: arrival_aware over every router's queue and rates "
         "and a scale-up's expected capacity, as the shard publishes them about once a "
         "second. The computed policies fall back to retry_after_s, then to no header.")
 

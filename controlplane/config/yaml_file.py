@@ -1,4 +1,4 @@
-"""Reading a deploy config file: YAML, refused before it can hurt (issue 15).
+"""Reading a deploy config file: YAML, refused before it can hurt.
 
 Owns ``read_yaml_file``: the file's data, or a ``ConfigError`` with one line naming the
 problem and where it is. Refused, each before it is expanded or built:

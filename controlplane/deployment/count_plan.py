@@ -1,10 +1,11 @@
 """Plans from counts: ``reconcile.plan``'s answer without a snapshot of every replica.
 
-Why (issues 13 and 16): the full plan snapshots and sorts every replica (40-49 ms a tick
-at 16K), and a scale-up or a rolling update re-plans on nearly every tick. Here the same
-plan comes from per-state, per-version counts kept by ``ReplicaSet``, plus the records
-that act: the STARTING ones of an outdated version (at most ``max_starting``) and the k
-replicas a rollout retires this tick (``ReplicaSet.retire_first``, O(k log N)).
+Why: the full plan snapshots and sorts every replica (measured at 40-49 ms a tick with
+16K replicas), and a scale-up or a rolling update re-plans on nearly every tick. Here the
+same plan comes from per-state, per-version counts kept by ``ReplicaSet``, plus the
+records that act: the STARTING ones of an outdated version (at most ``max_starting``)
+and the k replicas a rollout retires this tick (``ReplicaSet.retire_first``,
+O(k log N)).
 
 It answers only where that gives exactly ``plan``'s actions (a randomized test holds the
 two equal) and returns None elsewhere, for the full plan: a deletion, a draining node,

@@ -1,4 +1,4 @@
-"""``cluster_informed`` (issue 14, seed 002's future policy): what every router of a
+"""``cluster_informed`` (seed 002's future policy): what every router of a
 deployment learns from the control plane to advise its rejected clients.
 
 One router sees only its own queue and its own share of the traffic. Behind several

@@ -14,7 +14,8 @@ Invariants:
 - The window's total is exact: per-replica load sums are ints, and the sum of their
   means is an int scaled by lcm(1..cap), so no float error accumulates however long it
   runs; the one rounding is the final division.
-- Issue 13: a load report should cost about what a health push does. A report that
+- A load report should cost about what a health push does: every replica sends one per
+  interval, so their cost bounds how many replicas one shard can hold. A report that
   repeats its replica's load stores nothing (``_Replica``), one that leaves its mean
   where it was does no big-int work, and a node batch's loads come in one call.
 """
@@ -61,7 +62,8 @@ class _Replica:
 
     A replica's load seldom changes from one report to the next, so its newest run of
     equal loads is a count (``load``, ``count``): a report of that load stores nothing,
-    and while the run is all it holds, no sample in or out moves its mean (issue 13).
+    and while the run is all it holds, no sample in or out moves its mean: a steady
+    replica's reports and expiries do no big-int work.
     Older loads are stored one by one in ``older`` (None when there are none); the
     samples' times are the window's expiry queue."""
 
@@ -160,7 +162,8 @@ class MetricWindow:
         # by received_at, to expire from the left: a replica's entries come in the order
         # of its samples, so the entry at the front is its oldest one's, or one whose
         # sample went first (``skip``). A batch's rows share a time: a report appends its
-        # replica to the newest group (``_tail``) and makes no entry object (issue 13).
+        # replica to the newest group (``_tail``) and makes no entry object: no allocation
+        # per report.
         self._arrivals: deque[tuple[float, list[_Replica]]] = deque()
         self._tail_at, self._tail = -math.inf, []  # the newest group
         self._clock = -math.inf  # the newest time seen
@@ -209,7 +212,8 @@ class MetricWindow:
 
     def record_load(self, replica_id: str, load: int, received_at: float) -> None:
         """``record`` of a report's replica and load (a batch row builds no report). The
-        usual report, a counted replica's int load, is taken inline (issue 13)."""
+        usual report, a counted replica's int load, is taken inline: it is nearly every
+        report, so it skips the general case's calls."""
         rep = self._replicas.get(replica_id)
         if rep is None:
             rep = self._replicas[replica_id] = _Replica(replica_id)
@@ -241,7 +245,7 @@ class MetricWindow:
 
     def record_loads(self, loads: list[tuple[str, int]], received_at: float) -> None:
         """``record_load`` of each (replica id, load), all received at one time: a node
-        batch's rows, after their health. Issue 13: one call per batch, and a steady
+        batch's rows, after their health. One call per batch, not per row, and a steady
         report is taken in this loop (its time is the clock: no backwards check)."""
         if received_at != self._clock:
             if received_at < self._clock:  # never from one shard clock: one by one
@@ -354,7 +358,8 @@ class MetricWindow:
     def _advance(self, now: float) -> None:
         """Move the clock forward to ``now``; expire what it leaves behind, each once. A
         sample of a live int-only replica holding others is taken inline: nothing but a
-        count when all it holds is one run, no share unless the mean moved (issue 13)."""
+        count when all it holds is one run, no share unless the mean moved (every sample
+        expires once, so expiries are as many as reports)."""
         self._clock = now
         horizon, arrivals, walked = now - self._look_back_s, self._arrivals, 0
         while arrivals and arrivals[0][0] < horizon:

@@ -42,7 +42,8 @@ RUNNING = ReplicaState.RUNNING
 
 class ReplicaRecord(NamedTuple):
     """Immutable; a NamedTuple rather than a frozen dataclass because one is made per
-    transition and a tuple is built ~2.5x faster."""
+    transition, and a tuple is built in one step where a frozen dataclass sets each
+    field through ``object.__setattr__``."""
 
     replica_id: str
     state: ReplicaState
@@ -60,8 +61,9 @@ class ReplicaRecord(NamedTuple):
 
     def with_fields(self, state: ReplicaState, changes: dict[str, object]) -> ReplicaRecord:
         """``with_state`` with the changes as a dict, passed on as is (``**`` would copy
-        them at each call they go through). ``_replace(state=state, **changes)``, in half
-        its time: by field index, not a ``kwargs.pop`` per field."""
+        them at each call they go through). What ``_replace(state=state, **changes)``
+        does, by field index instead of a ``kwargs.pop`` per field: it runs per
+        transition."""
         values = list(self)
         values[1] = state
         for name, value in changes.items():

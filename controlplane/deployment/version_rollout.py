@@ -33,7 +33,9 @@ class VersionRollout:
         """A new version is on its way in and can still roll back."""
         return not self.failed and self.fallback is not None
 
-    @cached_property  # read several times per replica start (issue 16)
+    # Cached: read several times per replica start, and after a rollback each read would
+    # build a new spec (``replace``).
+    @cached_property
     def serving(self) -> DeploymentSpec:
         """The spec replicas are started with: the target's, with the fallback's code
         after a rollback."""

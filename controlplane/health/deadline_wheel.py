@@ -3,12 +3,12 @@
 Owns ``DeadlineQueue``: at most one pending deadline per key, ``schedule`` replacing it,
 ``pop_due(now)`` returning the keys whose deadline is at or before ``now``, oldest first.
 
-Why not a heap: with one push per replica per period moving each replica's
-visit forward, a heap of ``(float, str)`` with lazy deletion held about N entries and
-``pop_due`` was a quarter of a 16K tick. Here a deadline lives in the bucket of its
-``BUCKET_S``-wide slice of time (a dict per bucket), so moving it is two dict operations,
-and a heap holds only the indices of non-empty buckets (at most horizon / ``BUCKET_S`` of
-them, whatever the number of replicas).
+Why not a heap: with one push per replica per period moving each replica's visit
+forward, a heap of ``(float, str)`` with lazy deletion held about N entries and
+``pop_due`` took a quarter of a shard's tick at 16K replicas. Here a deadline lives in the
+bucket of its ``BUCKET_S``-wide slice of time (a dict per bucket), so moving it is two
+dict operations, and a heap holds only the indices of non-empty buckets (at most
+horizon / ``BUCKET_S`` of them, whatever the number of replicas).
 
 Invariants:
 
@@ -21,8 +21,8 @@ Invariants:
 Beside the wheel, a line: deadlines given by ``schedule_in_order`` come no earlier than
 the one before (a push's arrival time plus a fixed staleness window), so an ordered dict
 keeps them sorted by moving a key to its end, two C-level operations, where the wheel's
-``schedule`` is a dozen interpreted ones (they were a third of a steady push at 16K). A
-key is in at most one of the two; ``pop_due`` merges what is due in both.
+``schedule`` is a dozen interpreted ones: the line takes every steady push. A key is in
+at most one of the two; ``pop_due`` merges what is due in both.
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ Invariants:
   "went insensitive to current lag exactly when the numbers are worth reading"). ``count``
   stays cumulative so it still reads as a counter.
 - Recording is O(1), and cheap: an interval is appended to the current window's buffer
-  and bucketed with numpy a few thousand at a time (issue 13: bucketing one by one was
-  ~2 us of every push); a snapshot folds the buffer, then is O(buckets). Snapshots merge exactly (bucket sums), so
-  shards and deployments combine without losing the percentiles.
+  and bucketed with numpy a few thousand at a time (bucketing each in Python was a
+  noticeable part of every push); a snapshot folds the buffer, then is O(buckets).
+  Snapshots merge exactly (bucket sums), so shards and deployments combine without
+  losing the percentiles.
 - A reported percentile is a bucket's upper bound clamped to the observed max: within
   ``2**(1/8) - 1`` (about 9 %) of the true value, and exact when all samples are equal.
 - No clock reads: every method that needs the time takes ``now`` (the shard's monotonic
