@@ -1,4 +1,4 @@
-"""Error types that decide behaviour across the control plane (STYLE.md habit 7).
+"""Error types that decide behaviour across the control plane (ARCHITECTURE.md, principle 9).
 
 Each passes all its fields to ``super().__init__`` so it pickles across actors.
 """

@@ -1,4 +1,5 @@
-"""Assembles ``fleetplane status --json`` (contract in DESIGN.md) from shard reports.
+"""Assembles ``fleetplane status --json`` (its fields: README, "Status JSON") from shard
+reports.
 
 Application status folds its deployments' statuses: DEPLOY_FAILED if any failed,
 RUNNING when all are HEALTHY, DELETING while a removed application drains, UNHEALTHY if

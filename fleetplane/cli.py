@@ -1,4 +1,4 @@
-"""The `fleetplane` command: run, deploy, status, shutdown (contract in DESIGN.md).
+"""The `fleetplane` command: run, deploy, status, shutdown (README, "Commands").
 
 Exit codes: 0 ok; 1 the instance refused or failed (bad code, no instance, timeout, a
 status filter naming no application or deployment); 2 the config file is invalid
@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     deploy.add_argument("--wait", action="store_true", help="return once all are RUNNING")
     deploy.add_argument("--timeout-s", type=float, default=600.0)
     status = sub.add_parser("status", help="applications, deployments, replicas, controller")
-    status.add_argument("--json", action="store_true", help="machine-readable (DESIGN.md)")
+    status.add_argument("--json", action="store_true",
+                        help="machine-readable JSON (its fields: README, 'Status JSON')")
     status.add_argument("--app", help="only this application")
     status.add_argument("--deployment", help="only deployments of this name")
     status.add_argument("--summary", action="store_true",

@@ -5,8 +5,9 @@ fallback) and the shard's death watch (``wait_until_stopped``).
 
 Lifecycle calls (``initialize``, ``check_health``, ``reconfigure``, ``prepare_for_shutdown``)
 never wait on a request slot: requests take ``max_ongoing_requests`` slots of a semaphore,
-control calls take none (DESIGN.md principle 3). ``wait_until_stopped`` stays pending
-until ``prepare_for_shutdown`` starts; the shard keeps one such call per replica.
+control calls take none (ARCHITECTURE.md, principle 3: a health check must not use what
+it protects). ``wait_until_stopped`` stays pending until ``prepare_for_shutdown`` starts;
+the shard keeps one such call per replica.
 """
 
 from __future__ import annotations
@@ -344,7 +345,7 @@ class Replica:
         asyncio.get_running_loop().create_task(stack.aclose())
 
     def get_queue_len(self) -> int:
-        """For routers' probes: never waits for a slot (DESIGN.md principle 3)."""
+        """For routers' probes: never waits for a slot (ARCHITECTURE.md, principle 3)."""
         return self._ongoing + self._queued
 
     async def prepare_for_shutdown(self, timeout_s: float) -> None:
