@@ -40,8 +40,6 @@ class PlanFreeze:
         self._gc = collector
         self._max_frozen_s = max_frozen_s
         self._frozen_since: float | None = None
-        self.freezes = 0
-        self.thaws = 0
 
     @property
     def frozen(self) -> bool:
@@ -49,7 +47,6 @@ class PlanFreeze:
 
     def after_slice(self, now: float) -> None:
         self._gc.freeze()
-        self.freezes += 1
         if self._frozen_since is None:
             self._frozen_since = now
 
@@ -58,7 +55,6 @@ class PlanFreeze:
         since = self._frozen_since
         if since is not None and (not slicing or now - since >= self._max_frozen_s):
             self._gc.unfreeze()
-            self.thaws += 1
             self._frozen_since = None
 
 

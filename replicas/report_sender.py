@@ -50,14 +50,11 @@ class ReportSender:
         self._starting: asyncio.Future | None = None  # its ``ready`` call, until answered
         self._start_by = 0.0
         self._retry_at = 0.0
-        self.via_node = 0  # reports the node reporter took
-        self.direct = 0  # reports sent to the shard directly
 
     async def send(self, report: MetricReport) -> None:
         if await self._via_node(report):
-            self.via_node += 1
             return
-        self.direct += 1  # as a batch of one: the shard takes every report one way
+        # as a batch of one: the shard takes every report one way
         await self._shard.report_rows.remote(self._key, [report_row(report)])
 
     async def _via_node(self, report: MetricReport) -> bool:

@@ -149,30 +149,27 @@ def _unique(ids: Iterable[str]) -> set[str]:
 class RankConsistencyGate:
     """Decides in O(1) whether the rank-consistency pass must run for a membership."""
 
-    def __init__(self, retry_after_error_s: float = 30.0) -> None:
+    def __init__(self, retry_after_error_s: float = 30.0,
+                 work: WorkTotals | None = None) -> None:
         self.retry_after_error_s = retry_after_error_s
         self._checked: int | None = None  # fingerprint the last successful pass validated
         self._errored: int | None = None  # fingerprint whose pass last failed
         self._errored_at = 0.0
-        self.passes_run = 0  # passes that recorded an outcome
-        self.passes_skipped = 0  # should_run() answers of False
+        self._work = work if work is not None else WorkTotals()  # rank_passes
 
     def should_run(self, fingerprint: int, now: float) -> bool:
-        if fingerprint == self._checked or self._backing_off(fingerprint, now):
-            self.passes_skipped += 1
-            return False
-        return True
+        return fingerprint != self._checked and not self._backing_off(fingerprint, now)
 
     def _backing_off(self, fingerprint: int, now: float) -> bool:
         return fingerprint == self._errored and now < self._errored_at + self.retry_after_error_s
 
     def record_success(self, fingerprint: int) -> None:
-        self.passes_run += 1
+        self._work.rank_passes += 1
         self._checked = fingerprint
         self._errored = None
 
     def record_error(self, fingerprint: int, now: float) -> None:
-        self.passes_run += 1
+        self._work.rank_passes += 1
         # Forget the last validated membership too: after a failed pass nothing says the
         # ranks are consistent, so returning to an older membership must recheck it.
         self._checked = None

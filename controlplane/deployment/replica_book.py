@@ -50,7 +50,7 @@ class ReplicaBook:
                  work: WorkTotals | None = None) -> None:
         self.replicas = ReplicaSet(work)
         self.ranks = RankManager(work)
-        self.rank_gate = RankConsistencyGate(retry_after_error_s=rank_error_retry_s)
+        self.rank_gate = RankConsistencyGate(rank_error_retry_s, work)
         self.config_versions = CountedMap()  # replica id -> the user_config version it runs
         self._handles: dict[str, Any] = {}  # replica id -> the client's actor handle
         self._listeners: Sequence[ReplicaListener] = ()

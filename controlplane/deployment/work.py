@@ -18,6 +18,7 @@ class WorkTotals:
     last_tick_s: float = 0.0  # the newest tick's wall time
     replica_inits_built: int = 0  # what replicas of a spec are told: once per spec version
     rank_probes: int = 0  # ranks looked at to give a replica the lowest free one
+    rank_passes: int = 0  # rank-consistency passes run (only when membership moved)
     rank_heaps_ordered: int = 0  # rank-index heaps put in order whole (heapify)
     rank_entries_sifted: int = 0  # rank-index entries sifted in one by one
     running_sets_built: int = 0  # serving-id sets built (only when that membership moved)

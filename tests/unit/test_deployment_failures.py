@@ -281,7 +281,7 @@ def test_steady_state_ticks_do_not_plan_or_walk_replicas():
             await wait_all_tasks_blocked()
         assert state.status(clock.monotonic())["status"] == "HEALTHY"
         calls, recomputes = len(client.calls), work.running_sets_built
-        passes = state.book.rank_gate.passes_run
+        passes = work.rank_passes
 
         with counting_calls(Planner.next_slice) as plans:
             for _ in range(200):
@@ -290,7 +290,7 @@ def test_steady_state_ticks_do_not_plan_or_walk_replicas():
         assert plans == []
         assert len(client.calls) == calls
         assert work.running_sets_built == recomputes
-        assert state.book.rank_gate.passes_run == passes
+        assert work.rank_passes == passes
         # Every task finished cleanly, but the death watches: one pending call per replica.
         pending = [t for t in tasks if not t.done()]
         assert len(pending) == len(client.ids("wait_until_stopped")) == 5

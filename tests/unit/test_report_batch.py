@@ -204,11 +204,12 @@ def test_a_starting_reporter_takes_reports_once_ready_and_none_waits_or_fails_me
         t1 = clock.monotonic()
         await s.send(report(at=2.0))
         assert clock.monotonic() == t1  # not waited on again
-        assert (s.direct, s.via_node, len(reporter.report.calls)) == (2, 0, 0)
+        assert (len(shard.report_rows.calls), len(reporter.report.calls)) == (2, 0)
         started.set()
         await asyncio.sleep(0)
         await s.send(report(at=3.0))
-        assert (s.direct, s.via_node, len(found), len(reporter.ready.calls)) == (2, 1, 1, 1)
+        assert (len(shard.report_rows.calls), len(reporter.report.calls)) == (2, 1)
+        assert (len(found), len(reporter.ready.calls)) == (1, 1)
     drive(main)
 
 
@@ -225,11 +226,12 @@ def test_a_reporter_of_an_older_version_without_ready_is_used_at_once():
 
         async def find():
             return reporter
-        s = ReportSender(FakeActor(report_rows=Remote()), "s0", KEY, clock, find, 5.0)
+        shard = FakeActor(report_rows=Remote())
+        s = ReportSender(shard, "s0", KEY, clock, find, 5.0)
         t0 = clock.monotonic()
         await s.send(report(at=1.0))
         assert clock.monotonic() == t0  # nothing waited for
-        assert (s.via_node, s.direct, len(reporter.report.calls)) == (1, 0, 1)
+        assert (len(reporter.report.calls), len(shard.report_rows.calls)) == (1, 0)
     drive(main)
 
 
@@ -253,7 +255,7 @@ def test_a_reporter_that_never_starts_fails_like_a_dead_one(ready, failed_after_
         assert len(found) == 1 and len(reporter.report.calls) == 0
         clock.advance(RETRY_REPORTER_S / 2)
         await s.send(report(at=4.0))
-        assert len(found) == 2 and s.via_node == 0
+        assert len(found) == 2 and len(reporter.report.calls) == 0
     drive(main)
 
 
@@ -262,7 +264,7 @@ def test_batching_off_sends_everything_directly():
         shard = FakeActor(report_rows=Remote())
         s = ReportSender(shard, "s0", KEY, clock, None, timeout_s=5.0)
         await s.send(report())
-        assert s.direct == 1 and s.via_node == 0
+        assert len(shard.report_rows.calls) == 1
     drive(main)
 
 
