@@ -200,7 +200,10 @@ class LimitedHTTPProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head, self._head_deadline = False, None
         self._heads += 1
-        self._body_starts()
+        # the body's deadline, inline: a GET's is set and cleared within this one read
+        self._body_deadline = self.loop.time() + self.limits.request_body_timeout_s
+        if self._timer is None:
+            self._arm(self.limits.request_body_timeout_s)
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and not isinstance(cycle.transport, _CycleTransport):
@@ -225,10 +228,6 @@ class LimitedHTTPProtocol(HttpToolsProtocol):
     def _head_starts(self) -> None:
         self._head_deadline = self.loop.time() + self.limits.request_header_timeout_s
         self._arm(self.limits.request_header_timeout_s)
-
-    def _body_starts(self) -> None:
-        self._body_deadline = self.loop.time() + self.limits.request_body_timeout_s
-        self._arm(self.limits.request_body_timeout_s)
 
     def _arm(self, delay_s: float) -> None:
         """Arm the connection's timer unless it is armed: a pending one checks again."""

@@ -110,8 +110,22 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
     in so that a reload's new worker serves at once (later changes: runtime API);
     ``draining``: the node drains, so ``/-/healthz`` (readiness) answers 503 while every
     other request is still served."""
-    servers, maxconn = servers or {}, maxconn or {}
-    lines = [
+    lines = [*_globals(paths, limits, timeout_server_s),
+             *_frontend(host, port, routes, draining, limits),
+             *_backends(routes, servers or {}, maxconn or {}),
+             "backend be_metrics",
+             f"    server ingress unix@{paths.metrics_socket}",
+             "frontend exporter",
+             f"    bind unix@{paths.exporter_socket} mode 600",
+             "    http-request use-service prometheus-exporter",
+             "backend be_no_route",
+             "    http-request return status 404 content-type text/plain "
+             "string \"no route\""]
+    return "\n".join(lines) + "\n"
+
+
+def _globals(paths: Paths, limits: HTTPLimits, timeout_server_s: float) -> list[str]:
+    return [
         "global",
         "    master-worker",
         f"    tune.bufsize {limits.max_header_bytes + _HEAD_ROOM}",
@@ -132,7 +146,12 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         "    option redispatch 1",
         "    retry-on conn-failure empty-response",
         "    load-server-state-from-file global",
-        "    option idle-close-on-response",
+        "    option idle-close-on-response"]
+
+
+def _frontend(host: str, port: int, routes: dict[str, str], draining: bool,
+              limits: HTTPLimits) -> list[str]:
+    lines = [
         "frontend fleetplane",
         f"    bind {host}:{port}",
         f"    maxconn {limits.max_connections}",
@@ -157,6 +176,12 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
         lines.append(f"    use_backend {backend} if {{ path {prefix} }} || "
                      f"{{ path_beg {prefix}/ }}")
     lines.append("    default_backend be_no_route")
+    return lines
+
+
+def _backends(routes: dict[str, str], servers: dict[str, dict[str, str]],
+              maxconn: dict[str, int]) -> list[str]:
+    lines = []
     for key in sorted(set(routes.values())):
         backend = backend_name(key)
         lines += [f"backend {backend}", "    balance leastconn",
@@ -164,15 +189,7 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
                   "    default-server inter 1s fall 2 rise 1"]
         lines += [f"    server {name} {address} check maxconn {max(1, maxconn.get(backend, 1))}"
                   for name, address in sorted(servers.get(backend, {}).items())]
-    lines += ["backend be_metrics",
-              f"    server ingress unix@{paths.metrics_socket}",
-              "frontend exporter",
-              f"    bind unix@{paths.exporter_socket} mode 600",
-              "    http-request use-service prometheus-exporter",
-              "backend be_no_route",
-              "    http-request return status 404 content-type text/plain "
-              "string \"no route\""]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _head_limit(max_header_bytes: int) -> list[str]:
