@@ -17,8 +17,8 @@ route; admitted by the deployment's router) and a direct-ingress replica in hapr
 - a client that disconnects cancels its admitted work, freeing its slots (uvicorn does
   not cancel an app by itself).
 
-Per request this costs a dict lookup, the table's match, the body read, and one task for
-the work beside one watching for the disconnect; a request id is made only for a 500.
+Per request this costs a dict lookup, the table's match, the body read, and one task
+watching for the disconnect; a request id is made only for a 500.
 """
 
 from __future__ import annotations
@@ -186,21 +186,27 @@ def request_data(scope: dict, body: bytes, prefix: str) -> HTTPRequestData:
 
 
 async def until_disconnect(work: Awaitable[Any], receive: Any) -> Any:
-    """Run ``work``; if the client disconnects first, cancel it (freeing its router and
-    replica slots) and raise ClientGone."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    """Await ``work`` in this task; if the client disconnects first, cancel it (freeing
+    its router and replica slots) and raise ClientGone.
+
+    One watcher task, not a task for the work beside it and a wait on both (about 5 us a
+    request instead of 20): a watcher that saw the client leave cancels this task and
+    ends, and that cancellation is taken back here. A watcher woken by the response's end
+    never runs: this task cancels it before it next yields."""
+    current = asyncio.current_task()
+    watcher = asyncio.get_running_loop().create_task(_wait_disconnect(receive, current))
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not watcher.done() or watcher.cancelled() or watcher.exception() is not None:
+            raise  # cancelled for another reason (the server stops): not ours to take back
+        current.uncancel()
+        raise ClientGone() from None
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise ClientGone()
-    return task.result()
 
 
-async def _wait_disconnect(receive: Any) -> None:
+async def _wait_disconnect(receive: Any, task: asyncio.Task) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+    task.cancel()

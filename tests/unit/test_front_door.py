@@ -39,20 +39,25 @@ class Answer:
     body: bytes
 
 
-async def ask(app: Any, path: str, body: bytes = b"") -> Answer:
+async def ask(app: Any, path: str, body: bytes = b"",
+              leaves: asyncio.Event | None = None) -> Answer | None:
+    """The answer; None when nothing was sent (the client left: ``leaves`` was set)."""
     sent: list[dict] = []
     messages = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive() -> dict:
         if messages:
             return messages.pop()
-        await asyncio.Event().wait()  # the client stays; never a disconnect
+        await (leaves or asyncio.Event()).wait()  # without ``leaves`` the client stays
+        return {"type": "http.disconnect"}
 
     async def send(message: dict) -> None:
         sent.append(message)
     scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
              "headers": [(b"content-length", b"%d" % len(body))], "client": ("10.0.0.1", 1)}
     await app(scope, receive, send)
+    if not sent:
+        return None
     return Answer(sent[0]["status"], dict(sent[0]["headers"]),
                   b"".join(m.get("body", b"") for m in sent[1:]))
 
@@ -206,6 +211,33 @@ def test_overload_is_told_the_static_retry_after_cold_and_a_computed_one_warm(ma
     assert (cold.status, cold.headers[b"retry-after"]) == (429, b"5")
     assert (warm.status, warm.headers[b"retry-after"]) == (429, b"1")
     assert b"deployment app/Model is overloaded" in warm.body
+
+
+@DOORS
+def test_a_client_that_leaves_cancels_its_work_and_frees_the_slot(make):
+    async def scenario() -> tuple[Answer | None, bool, Answer]:
+        door, leaves = make(), asyncio.Event()
+        holding = asyncio.ensure_future(ask(door.app, "/a/hold", leaves=leaves))
+        for _ in range(100):  # until it is admitted (loop turns: no time passes)
+            if door.busy():
+                break
+            await asyncio.sleep(0)
+        leaves.set()
+        left = await holding
+        return left, door.busy(), await ask(door.app, "/a/next")  # never released
+    left, busy, served = run(scenario)
+    assert left is None and not busy and served.status == 200
+
+
+def test_the_proxy_counts_a_client_that_left_as_499():
+    async def scenario() -> str:
+        door, leaves = proxy_door(), asyncio.Event()
+        holding = asyncio.ensure_future(ask(door.app, "/a/hold", leaves=leaves))
+        await asyncio.sleep(0)
+        leaves.set()
+        await holding
+        return door.app.metrics.own_text()
+    assert 'status_code="499"' in run(scenario)
 
 
 def test_the_proxy_answers_an_unavailable_replica_with_its_status():
