@@ -6,6 +6,7 @@ Each passes all its fields to ``super().__init__`` so it pickles across actors.
 from __future__ import annotations
 
 import traceback as _traceback
+import uuid
 from enum import Enum
 
 
@@ -177,24 +178,26 @@ class ControllerUnavailable(NoInstance):
 
 class DeploymentRaised(Exception):
     """The user's code raised while answering an HTTP request, before the response head
-    went out. The front door answers a bare 500 with a request id and logs ``traceback``
-    under that id: an exception's text can carry secrets, so it reaches the client only
-    where ``http_options.show_error_messages`` says so (Ray Serve answers a bare
-    "Internal Server Error"). ``text`` is ``Type: message``; ``traceback`` the whole of it
-    (a remote one, as Ray carried it, on the proxy)."""
+    went out. The front door answers a bare 500 naming ``request_id``; the replica where it
+    was raised logs ``traceback`` under that id and reports the error to its shard
+    (status shows the last one): an exception's text can carry secrets, so it reaches the
+    client only where ``http_options.show_error_messages`` says so (Ray Serve answers a
+    bare "Internal Server Error"). ``text`` is ``Type: message``."""
 
     status_code = 500
 
-    def __init__(self, text: str, traceback: str) -> None:
-        super().__init__(text, traceback)
+    def __init__(self, text: str, traceback: str, request_id: str = "") -> None:
+        request_id = request_id or uuid.uuid4().hex
+        super().__init__(text, traceback, request_id)
         self.text = text
         self.traceback = traceback
+        self.request_id = request_id
 
     def __str__(self) -> str:
         return f"the deployment raised {self.text}"
 
     @classmethod
     def from_exception(cls, error: BaseException) -> DeploymentRaised:
-        """The user's exception, caught where it was raised (a direct-ingress replica)."""
+        """The user's exception, caught where it was raised (in the replica)."""
         return cls(f"{type(error).__name__}: {error}",
                    "".join(_traceback.format_exception(error)))

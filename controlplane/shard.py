@@ -36,8 +36,8 @@ from controlplane.replica_client import RayReplicaClient, ReplicaClient
 from controlplane.routing.backoff import ErrorBackoff
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import (Batch, MetricReport, PushedHealth, ReportRow, RouterDemand,
-                               RoutingDelta, apply_routing_delta, report_row)
+from controlplane.wire import (Batch, MetricReport, PushedHealth, ReportRow, RequestError,
+                               RouterDemand, RoutingDelta, apply_routing_delta, report_row)
 
 logger = logging.getLogger(__name__)
 
@@ -253,6 +253,14 @@ class ShardCore:
         if state is not None:
             state.record_router_demand(router_id, demand, self._ops.clock.monotonic())
 
+    def report_request_error(self, key: tuple[str, str], replica_id: str,
+                             error: RequestError) -> None:
+        """The user's code raised on a replica's requests (at most one report every few
+        seconds per replica)."""
+        state = self._reported(key)
+        if state is not None:
+            state.record_request_error(replica_id, error)
+
     def report_model_ids(self, key: tuple[str, str], replica_id: str,
                          ids: tuple[str, ...]) -> None:
         state = self._reported(key)
@@ -340,6 +348,10 @@ class ControllerShard:
                                ids: tuple[str, ...]) -> None:
         """Serve's multiplexer on a replica loaded or evicted a model."""
         self._core.report_model_ids(key, replica_id, ids)
+
+    async def report_request_error(self, key: tuple[str, str], replica_id: str,
+                                   error: RequestError) -> None:
+        self._core.report_request_error(key, replica_id, error)
 
     async def report_health(self, key: tuple[str, str], replica_id: str,
                             health: PushedHealth) -> None:

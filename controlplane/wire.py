@@ -21,6 +21,7 @@ default, so an older sender stays valid during a rolling upgrade.
 | ``PushedHealth`` | replica -> shard | on a ``MetricReport``, or ``report_health`` |
 | ``DeploymentRef`` | controller's build -> replica | a constructor argument |
 | ``ReplicaDescription`` | replica -> a recovering shard | ``Replica.describe`` |
+| ``RequestError`` | replica -> shard | ``ControllerShard.report_request_error`` |
 | ``RoutingUpdate`` / ``ReplicaInfo`` | shard -> proxies, handles | ``listen_routing`` |
 | ``Deltas`` of ``RoutingDelta`` | shard -> routers already holding a version | ``listen_routing`` |
 | batch ``ReportRow``s | node reporter -> shard | ``ControllerShard.report_batch`` |
@@ -160,6 +161,18 @@ class ReplicaDescription:
     healthy: bool
     message: str = ""  # why the fresh check failed
     http_address: str | None = None  # its direct ingress, in haproxy mode
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """The user's code raised on requests of one replica (``DeploymentRaised``): the newest
+    error, and how many were raised since the replica last said so. The traceback stays
+    in the replica's log, under ``request_id``."""
+
+    request_id: str
+    error: str  # "Type: message", one line
+    at_s: float  # wall-clock time of the newest
+    count: int = 1
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ def render_table(status: dict) -> str:
             out.append(f"  {deployment_summary(dep_name, dep)}")
             if dep.get("message"):
                 out.extend(f"    | {line}" for line in dep["message"].splitlines()[-12:])
+            if dep.get("request_errors"):
+                out.append(f"    {_request_errors(dep['request_errors'])}")
             out.extend(_replica_lines(dep))
     if not status["applications"]:
         out.append("no applications")
@@ -71,3 +73,9 @@ def _replica_lines(dep: dict) -> list[str]:
         lines.append(f"    {r['replica_id']:<40} {r['state']:<9} rank={r['rank']}"
                      f"  {health:<11} node={node}")
     return lines
+
+
+def _request_errors(errors: dict) -> str:
+    last = errors["last"]
+    return (f"requests raised: {errors['total']}; the newest on {last['replica_id']} "
+            f"(request id {last['request_id']}, in that replica's log): {last['error']}")

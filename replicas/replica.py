@@ -24,12 +24,13 @@ import ray
 import ray.cloudpickle as cloudpickle
 
 from controlplane.clock import SystemClock
-from controlplane.routing.asgi import MODEL_ID_HEADER, header_value, respond
+from controlplane.errors import BackpressureError
+from controlplane.routing.asgi import MODEL_ID_HEADER, header_value
 from controlplane.routing.handles import DeploymentHandle, HandleRuntime
 from controlplane.routing.serve_api import install_serve_api
 from controlplane.settings import Settings
 from controlplane.wire import (DeploymentRef, HTTPRequestData, MetricReport, PushedHealth,
-                               ReplicaDescription, ReplicaInit, RequestMeta)
+                               ReplicaDescription, ReplicaInit, RequestError, RequestMeta)
 from replicas.context import ReplicaContext, set_replica_context
 from replicas.serve_context import (ModelIds, ServeIdentity, install_replica_context,
                                     serve_in_use, set_request_context)
@@ -38,6 +39,7 @@ from replicas.asgi_websocket import WebSocketSession, websocket_scope
 from replicas.http_adapter import asgi_scope, is_streaming, response_parts, unary_response
 from replicas.node_reporter import report_sender
 from replicas.replica_health import ReplicaHealth
+from replicas.request_errors import RequestErrors
 from replicas.self_health import HealthCheckFailed
 from replicas.user_callable import UserCallable
 
@@ -66,6 +68,7 @@ class Replica:
         self._stream_ids = itertools.count()
         self._sockets: dict[int, tuple[WebSocketSession, contextlib.AsyncExitStack]] = {}
         self._relayed: set[int] = set()  # sockets whose ws_events stream runs
+        self._errors = RequestErrors(self._report_error)  # what the user's code raised
         self._set_context()
 
     def _set_context(self) -> None:
@@ -86,6 +89,11 @@ class Replica:
         from ray.serve.schema import ReplicaRank
 
         return ReplicaRank(rank=self._rank, node_rank=0, local_rank=self._rank)
+
+    def _report_error(self, error: RequestError) -> None:
+        i = self._init
+        shard = ray.get_actor(i.shard_name, namespace=i.namespace)
+        shard.report_request_error.remote((i.app_name, i.deployment), i.replica_id, error)
 
     def _on_model_ids(self, ids: tuple[str, ...]) -> None:
         """Serve's multiplexer loaded or evicted a model: the shard routes by it."""
@@ -130,16 +138,19 @@ class Replica:
 
     async def _serve_direct(self, data: HTTPRequestData, send: Any) -> None:
         """One direct-ingress request: the user's code in a slot, the response sent as it
-        is produced; the user's exception is a 500 with its message."""
+        is produced. What the user's code raises before the head is ``DeploymentRaised``
+        (``RequestErrors``: logged here, told to the shard): the front door answers it, a
+        500 naming its request id."""
         async with self._slot():
             try:
                 self._request_context(data)
                 result = await self._user.call_http(data)
                 parts = response_parts(result)
                 head = await parts.__anext__()
+            except BackpressureError:  # a downstream handle's: answered with its hint
+                raise
             except Exception as e:
-                await respond(send, 500, f"the deployment raised {type(e).__name__}: {e}")
-                return
+                raise self._errors.raised(e) from e
             await send({"type": "http.response.start", **head})
             async for chunk in parts:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -277,9 +288,15 @@ class Replica:
         await stack.enter_async_context(self._slot())
         try:
             self._request_context(request)
-            result = await self._user.call_http(request)
-            if not is_streaming(result):
-                return ("full", *await unary_response(result))
+            try:
+                result = await self._user.call_http(request)
+                full = None if is_streaming(result) else await unary_response(result)
+            except BackpressureError:  # a downstream handle's: the proxy keeps its hint
+                raise
+            except Exception as e:
+                raise self._errors.raised(e) from e
+            if full is not None:
+                return ("full", *full)
             stream_id = next(self._stream_ids)
             self._streams[stream_id] = (result, stack)
             asyncio.get_running_loop().call_later(_STREAM_ABANDON_S, self._abandon, stream_id)

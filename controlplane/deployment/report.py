@@ -83,6 +83,7 @@ def _entry(d: Reported, status: str) -> dict:
         "replica_counts": {s.value: replicas.count(s) for s in _SHOWN_STATES},
         # serving (RUNNING, UPDATING) and passing their health checks
         "healthy_replicas": replicas.count(*SERVING_STATES) - health.failing,
+        **({"request_errors": errors} if (errors := d.routing.errors.view()) else {}),
     }
 
 

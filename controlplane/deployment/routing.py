@@ -1,6 +1,7 @@
-"""What routers learn of one deployment: its serving replicas (with the multiplexed models
-each holds), its limits and, for ``cluster_informed``, the routers' total demand;
-published only when they changed.
+"""What routers learn of one deployment, and what the data plane reports back: its serving
+replicas (with the multiplexed models each holds), its limits and, for
+``cluster_informed``, the routers' total demand, published only when they changed; the
+requests the user's code raised on (``RequestErrors``, for status).
 
 Owned by ``DeploymentState``; the shard publishes ``update(...)`` each tick: O(1) when
 nothing changed, a ``RoutingDelta`` of the serving replicas that moved (O(changes)) when
@@ -14,7 +15,8 @@ from __future__ import annotations
 from controlplane.deployment.demand_board import DemandBoard
 from controlplane.deployment.replica_set import Moved, ReplicaRecord, ReplicaSet
 from controlplane.specs import DeploymentSpec
-from controlplane.wire import ClusterDemand, ReplicaInfo, RouterDemand, RoutingDelta, RoutingUpdate
+from controlplane.wire import (ClusterDemand, ReplicaInfo, RequestError, RouterDemand,
+                               RoutingDelta, RoutingUpdate)
 
 
 class DeploymentRouting:
@@ -25,6 +27,7 @@ class DeploymentRouting:
         self._models_version = 0
         self._demand: ClusterDemand | None = None  # the last cluster total published
         self.demand = DemandBoard()  # cluster_informed: the routers' reports, start times
+        self.errors = RequestErrors()
 
     def replica_moved(self, moved: Moved) -> None:
         if moved.started:
@@ -93,3 +96,26 @@ class DeploymentRouting:
             retry_after_s=backpressure.get("retry_after_s"),
             retry_after_policy=backpressure.get("retry_after_policy") or "static",
             demand=self._demand)
+
+
+class RequestErrors:
+    """What the user's code raised on requests, as replicas report it: a total, and the
+    newest error with the replica and request id that find its traceback in the logs."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._last: tuple[str, RequestError] | None = None  # (replica id, error)
+
+    def record(self, replica_id: str, error: RequestError) -> None:
+        self.total += max(1, error.count)
+        if self._last is None or error.at_s >= self._last[1].at_s:
+            self._last = (replica_id, error)
+
+    def view(self) -> dict | None:
+        """Status's ``request_errors``; None when nothing was raised."""
+        if self._last is None:
+            return None
+        replica_id, error = self._last
+        return {"total": self.total, "last": {"replica_id": replica_id,
+                                              "request_id": error.request_id,
+                                              "error": error.error, "at_s": error.at_s}}

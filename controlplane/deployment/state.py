@@ -52,8 +52,8 @@ from controlplane.health.stall_guard import StallGuard
 from controlplane.health.stats import HealthTotals
 from controlplane.settings import ShardSettings
 from controlplane.specs import DeploymentSpec, stable_hash
-from controlplane.wire import (PushedHealth, ReplicaDescription, ReportRow, RouterDemand,
-                               RoutingDelta, RoutingUpdate)
+from controlplane.wire import (PushedHealth, ReplicaDescription, ReportRow, RequestError,
+                               RouterDemand, RoutingDelta, RoutingUpdate)
 
 logger = logging.getLogger(__name__)
 
@@ -332,6 +332,9 @@ class DeploymentState:
 
     def record_router_demand(self, router_id: str, demand: RouterDemand, now: float) -> None:
         self.routing.record_router_demand(router_id, demand, now)
+
+    def record_request_error(self, replica_id: str, error: RequestError) -> None:
+        self.routing.errors.record(replica_id, error)
 
     def routing_update(self, now: float = 0.0) -> RoutingUpdate | RoutingDelta | None:
         """What routers need, if it changed since the last call; nothing while

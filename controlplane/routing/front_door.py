@@ -8,11 +8,11 @@ route; admitted by the deployment's router) and a direct-ingress replica in hapr
   admission, so a slow body holds a connection, never a slot; its time limit, like the
   head's, is the connection's (``http_connection``: 408);
 - admit and answer: the ``Backend``. What it raises before a response head went out is
-  answered here, by type (STYLE.md habit 7): ``BackpressureError`` with its status and
+  answered here, by type: ``BackpressureError`` with its status and
   the computed Retry-After (``admission``: the same policy at a router and at a replica);
   ``ReplicaUnavailableError``/``RouterClosedError`` with theirs; ``DeploymentRaised`` (the
-  user's code raised) as a 500 whose body names a request id, logged with the traceback,
-  the exception's text only with ``show_error_messages``. ``StreamAborted`` (after the
+  user's code raised) as a 500 whose body names its request id (the replica logged the
+  traceback under it), the exception's text only with ``show_error_messages``. ``StreamAborted`` (after the
   head) aborts the connection, so a truncated response never passes as complete;
 - a client that disconnects cancels its admitted work, freeing its slots (uvicorn does
   not cancel an app by itself).
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from time import perf_counter
 from typing import Any, Awaitable, Callable, Mapping, Protocol
 
@@ -166,10 +165,11 @@ class FrontDoor:
 
 
 async def answer_raised(send: Any, error: DeploymentRaised, show_message: bool) -> int:
-    """A 500 that names a request id; the log line with that id has the traceback. The
-    exception's text is the client's only with ``show_message`` (for development)."""
-    request_id = uuid.uuid4().hex
-    logger.error("request %s: %s\n%s", request_id, error, error.traceback.rstrip())
+    """A 500 that names the error's request id: the replica's log has the traceback under
+    it, this listener's one line. The exception's text is the client's only with
+    ``show_message`` (for development)."""
+    request_id = error.request_id
+    logger.warning("request %s answered 500: %s", request_id, error)
     body = f"Internal Server Error (request id {request_id})"
     if show_message:
         body = f"{body}: {error}"

@@ -193,10 +193,13 @@ def user_error_text(error: RayTaskError) -> str:
 
 async def _user_error(send: Any, error: RayTaskError) -> int:
     """A downstream handle's backpressure keeps its status and Retry-After (it is not this
-    deployment's admission); anything else is ``DeploymentRaised``, with the traceback
-    Ray carried from the replica."""
+    deployment's admission); anything else is ``DeploymentRaised``: the replica's own (its
+    request id names the traceback in the replica's log), or one made here from what Ray
+    carried (a replica of an older version)."""
     if isinstance(error.cause, BackpressureError):
         cause = error.cause
         await respond(send, cause.status_code, str(cause), rejection_headers(cause.headers()))
         return cause.status_code
+    if isinstance(error.cause, DeploymentRaised):  # the replica's: its request id, logged there
+        raise error.cause from None
     raise DeploymentRaised(user_error_text(error), str(error)) from None

@@ -71,11 +71,16 @@ def test_streaming_response_arrives_in_chunks(http_apps):
     assert len(chunks) >= 2
 
 
-def test_a_user_exception_is_a_500_naming_a_request_id_not_its_message(http_apps):
+def test_a_user_exception_is_a_500_naming_a_request_id_not_its_message(fleet, http_apps):
     r = get("/web?kind=error")
     assert r.status_code == 500
     request_id = r.headers["x-request-id"]
     assert r.text == f"Internal Server Error (request id {request_id})"  # the log has the rest
+    shown = wait_for(fleet, lambda s: dep_status(s, "web", "HttpModel").get(
+        "request_errors", {}).get("last", {}).get("request_id") == request_id,
+        what="the error in status")  # the replica tells its shard; status names the id
+    last = dep_status(shown, "web", "HttpModel")["request_errors"]["last"]
+    assert "bad input from the user's code" in last["error"]
 
 
 def test_serve_bind_app_with_handle_composition(http_apps):

@@ -160,18 +160,17 @@ def test_a_prefix_matches_itself_and_below_at_a_segment_boundary(make, prefix):
 
 
 @DOORS
-def test_a_user_exception_is_a_bare_500_naming_a_request_id_found_in_the_log(make, caplog):
+def test_a_user_exception_is_a_bare_500_naming_its_request_id(make, caplog):
     async def scenario() -> Answer:
         return await ask(make().app, "/a/raise")
-    with caplog.at_level(logging.ERROR, logger="controlplane.routing.front_door"):
+    with caplog.at_level(logging.WARNING, logger="controlplane.routing.front_door"):
         answer = run(scenario)
     assert answer.status == 500 and b"sk-secret" not in answer.body
     request_id = answer.headers[b"x-request-id"].decode()
     assert answer.body == f"Internal Server Error (request id {request_id})".encode()
-    [line] = [r.getMessage() for r in caplog.records]
-    assert line.startswith(f"request {request_id}: the deployment raised ValueError: the "
-                           f"api key sk-secret-123 was refused")
-    assert "Traceback" in line and "user_code" in line  # where it was raised
+    [line] = [r.getMessage() for r in caplog.records]  # the replica logs the traceback
+    assert line == (f"request {request_id} answered 500: the deployment raised ValueError: "
+                    f"the api key sk-secret-123 was refused")
 
 
 @DOORS

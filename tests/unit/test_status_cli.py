@@ -269,3 +269,12 @@ def test_unknown_field_and_bad_yaml_exit_2(tmp_path, capsys, no_ray_started):
     broken.write_text("applications: [\n")
     assert cli.main(["deploy", str(broken)]) == 2
     assert "invalid YAML at line" in capsys.readouterr().err
+
+
+def test_render_table_names_the_newest_request_error_and_where_its_traceback_is():
+    status = assemble_status(None, [shard(0, {"shop/Router": {
+        **deployment("HEALTHY", 1, [replica("r-1")]),
+        "request_errors": {"total": 3, "last": {"replica_id": "r-1", "request_id": "abc",
+                                                "error": "ValueError: no", "at_s": 1.0}}}})], 1)
+    assert ("    requests raised: 3; the newest on r-1 (request id abc, in that replica's "
+            "log): ValueError: no") in render_table(status).splitlines()
