@@ -1,7 +1,8 @@
 """The ``Retry-After`` value a router sends with a backpressure rejection.
 
 Owns the two policies of seed 002 ("Computed Retry-After for backpressure rejections"),
-and issue 14's ``arrival_aware`` (below: ``RetrySchedule``):
+and two of fleetplane's own: ``arrival_aware`` (below: ``RetrySchedule``) and
+``cluster_informed``:
 
 - ``static``: the operator's ``retry_after_s``, rounded up, or no header.
 - ``router_queue_drain_rate``: ``ceil(own_queue_depth / drain_rate * saturation_factor)``,
@@ -161,7 +162,7 @@ def compute_retry_after_s(queue_depth: int, estimator: DrainRateEstimator, occup
     return min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, math.ceil(jittered)))
 
 
-# ---- issue 14: arrival_aware -------------------------------------------------------
+# ---- arrival_aware -----------------------------------------------------------------
 # A Retry-After that books each rejected client a future second with room for it.
 #
 # Why: seed 002's ``router_queue_drain_rate`` estimates when *this queue* drains and tells
@@ -239,7 +240,7 @@ def arrival_aware_retry_after_s(queue_depth: int, drain: DrainRateEstimator,
     return schedule.book(now, earliest, room)
 
 
-# ---- issue 14: cluster_informed (the totals: ``controlplane.deployment.demand_board``) -----------
+# ---- cluster_informed (the totals: ``controlplane.deployment.demand_board``) ---------
 FRESH_FOR_S = 5.0  # a router trusts a published total this long, then its own figures
 
 

@@ -20,7 +20,8 @@ Invariants:
   waiter is handed that slot in the same callback, with no timer. The capped backoff
   (25 ms doubling to 100 ms) only re-probes replicas whose slots other routers may hold.
   Ray Serve 2.60's proxy instead backs off up to 0.5 s, leaving ~38% of a 0.5 s,
-  2-slot replica idle at 20 req/s (measured, issue 3).
+  2-slot replica idle at 20 req/s (measured: MEASURED.md, "A saturated replica stays
+  busy").
 - The rejection path is O(1): no RPC, no lock, no walk over replicas.
 - Everything that waits is owned: probe tasks and the backoff timer die with ``close``.
 

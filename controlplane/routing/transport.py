@@ -46,7 +46,8 @@ class ReplicaTransport(Protocol):
     other exception is the user's and passes through the router unchanged.
     ``probe_queue_len`` answers the replica's ongoing + queued requests
     (``Replica.get_queue_len``) within ``deadline_s``, and must never wait for a request
-    slot (DESIGN.md principle 3). ``send_http`` answers one HTTP request on ``send`` (an
+    slot (a health or load check never uses what it protects: ARCHITECTURE.md,
+    principle 3). ``send_http`` answers one HTTP request on ``send`` (an
     ASGI send) and returns the status sent, or raises ``DeploymentRaised`` having sent
     nothing.
     """
