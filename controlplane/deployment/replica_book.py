@@ -107,7 +107,9 @@ class ReplicaBook:
         self.replicas.add(record)
         self.config_versions[found.replica_id] = config_version
         self._handles[found.replica_id] = handle
-        self._tell(Moved(found.replica_id, None, record, now))
+        moved = Moved(found.replica_id, None, record, now)
+        for listener in self._listeners:
+            listener.replica_moved(moved)
         return True
 
     # ---- the lifecycle ---------------------------------------------------------------
@@ -121,20 +123,18 @@ class ReplicaBook:
         if current is None or (expect is not None and current[1] is not expect):
             return None
         record = self.replicas.apply_fields(replica_id, event, changes or {})
-        moved = Moved(replica_id, current[1], record, now)
-        state = record[1]
-        if state in TERMINAL_STATES:
+        was, state = current[1], record[1]
+        started = state is RUNNING and was is STARTING
+        if started:
+            self._recent.append((now, replica_id))
+        elif state in TERMINAL_STATES:
             self._handles.pop(replica_id, None)
             self.config_versions.pop(replica_id, None)
             self.ranks.release(replica_id)
-        elif state is RUNNING and current[1] is STARTING:
-            self._recent.append((now, replica_id))
-        self._tell(moved)
-        return moved
-
-    def _tell(self, moved: Moved) -> None:
+        moved = Moved(replica_id, was, record, now, started)
         for listener in self._listeners:
             listener.replica_moved(moved)
+        return moved
 
     # ---- other fields ------------------------------------------------------------------
     def set_config_version(self, replica_id: str, version: str) -> None:

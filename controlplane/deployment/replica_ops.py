@@ -62,10 +62,7 @@ class ReplicaOps:
         # make, less the replica's id and rank: one per spec version and target, not one
         # per start
         self._template: tuple | None = None
-
-    @property
-    def start_timeout_s(self) -> float:
-        return self._ctx.settings.shard.replica_start_timeout_s
+        self.start_timeout_s = context.settings.shard.replica_start_timeout_s
 
     # ---- start ------------------------------------------------------------------------------
     def start(self, now: float) -> None:

@@ -82,17 +82,14 @@ class Moved(NamedTuple):
     """One lifecycle event applied to a replica (``ReplicaBook.apply``), as each owner of
     the deployment hears it. ``was`` is None for a replica taken over alive (re-adopted);
     ``record`` is the record after the event (for a terminal state, the last one, with
-    that state: it has left the set)."""
+    that state: it has left the set); ``started``: a start finished (STARTING to RUNNING),
+    the event most owners act on."""
 
     replica_id: str
     was: ReplicaState | None
     record: ReplicaRecord
     now: float
-
-    @property
-    def started(self) -> bool:
-        """A start finished: STARTING to RUNNING."""
-        return self.was is ReplicaState.STARTING and self.record[1] is RUNNING
+    started: bool = False
 
 
 def _bump(counts: dict, key: object, by: int) -> int:

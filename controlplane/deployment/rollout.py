@@ -35,8 +35,10 @@ logger = logging.getLogger(__name__)
 
 class Rollout:
     def __init__(self, spec: DeploymentSpec, settings: ShardSettings) -> None:
-        self.version = VersionRollout(spec)
-        self.config = ConfigRollout((spec.user_config, spec.user_config_version))
+        # read by every start: ``serving``/``serving_config`` are kept beside the values
+        # they come from (``_set_version``, ``_set_config``), not computed per read
+        self._set_version(VersionRollout(spec))
+        self._set_config(ConfigRollout((spec.user_config, spec.user_config_version)))
         self.backoff = StartBackoff()
         self._policy = StartBackoffPolicy(settings.start_backoff_initial_s,
                                           settings.start_backoff_max_s,
@@ -53,24 +55,24 @@ class Rollout:
         code_changed = spec.code_version != old.code_version
         if code_changed or spec.user_config_version != old.user_config_version:
             self.backoff = StartBackoff()
-        self.config = self.config.retarget((spec.user_config, spec.user_config_version),
-                                           code_changed)
-        self.version = self.version.retarget(spec)
+        self._set_config(self.config.retarget((spec.user_config, spec.user_config_version),
+                                              code_changed))
+        self._set_version(self.version.retarget(spec))
         if code_changed:  # proving windows belong to the rollout they were opened for
             self._proving.clear()
 
-    @property
-    def serving(self) -> DeploymentSpec:
-        """The spec replicas are started with (the fallback's code after a rollback)."""
-        return self.version.serving
+    def _set_version(self, version: VersionRollout) -> None:
+        self.version = version
+        # the spec replicas are started with (the fallback's code after a rollback)
+        self.serving: DeploymentSpec = version.serving
 
-    @property
-    def serving_config(self) -> Config:
-        return self.config.serving
+    def _set_config(self, config: ConfigRollout) -> None:
+        self.config = config
+        self.serving_config: Config = config.serving  # the user_config replicas are given
 
     def adopted(self, config: Config) -> None:
         """A re-adopted replica runs ``config`` (a rollout cut short by a shard restart)."""
-        self.config = self.config.with_adopted(config)
+        self._set_config(self.config.with_adopted(config))
 
     # ---- what happened ---------------------------------------------------------------
     def replica_moved(self, moved: Moved) -> None:
@@ -106,9 +108,9 @@ class Rollout:
     def roll_back(self, cause: str) -> None:
         """The new version failed: start the previous one again (``VersionRollout``)."""
         target = self.version.target
-        self.version = self.version.with_failure(
+        self._set_version(self.version.with_failure(
             f"{cause}\nthe rollout of version {target.code_version} failed; rolled back "
-            f"to version {self.version.fallback.code_version}, which keeps serving")
+            f"to version {self.version.fallback.code_version}, which keeps serving"))
         self.backoff = StartBackoff()  # the old version may start replacements again
         self._proving.clear()
         logger.error("%s: %s", target.id, self.version.failed)
@@ -119,7 +121,8 @@ class Rollout:
         be replaced (the config that failed is the fallback itself)."""
         error = f"reconfigure() of replica {replica_id} raised; the rollout of the new " \
                 f"user_config stopped and the previous config keeps serving:\n{message}"
-        self.config, restore = self.config.with_failure(version, error)
+        config, restore = self.config.with_failure(version, error)
+        self._set_config(config)
         if restore:
             logger.error("%s: %s", self.version.target.id, error)
         else:
@@ -139,7 +142,7 @@ class Rollout:
         """Every active replica runs the target and proved itself: later failures are
         ordinary ones."""
         if self.version.rolling and on_target and now >= self._proving_until:
-            self.version = self.version.settled()
+            self._set_version(self.version.settled())
             self._proving.clear()
 
     def starts_blocked(self, now: float) -> bool:

@@ -30,6 +30,7 @@ keep the replica set they had.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from controlplane.deployment.autoscaler import Autoscaler
@@ -297,7 +298,7 @@ class DeploymentState:
         if loads:
             self.autoscaler.record_loads(loads, now)
 
-    def _record_rest(self, rows: list[ReportRow], now: float,
+    def _record_rest(self, rows: Sequence[ReportRow], now: float,
                      loads: list[tuple[str, int]] | None) -> None:
         """The rows ``take_steady`` left: each through the general path, its load (with
         ``loads``: an autoscaled deployment) for a replica this deployment has."""

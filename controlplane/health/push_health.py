@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controlplane.deployment.lifecycle import SERVING_STATES
@@ -132,8 +133,8 @@ class DeploymentHealth:
                            health.consecutive_failures, health.error, received_at,
                            via_heartbeat)
 
-    def take_steady(self, rows: list[ReportRow], received_at: float,
-                    taken: list[ReportRow] | None = None) -> list[ReportRow]:
+    def take_steady(self, rows: Sequence[ReportRow], received_at: float,
+                    taken: list[ReportRow] | None = None) -> Sequence[ReportRow]:
         """The one fast path of pushes, for a node batch (all received at once) or a single
         push (a batch of one). A push is steady when it is healthy, to a replica whose last
         observation was healthy, with no probe in flight, and newer than what was acted
@@ -144,7 +145,7 @@ class DeploymentHealth:
         Returns the rows not taken, in batch order, for the general path (malformed ones
         among them); ``taken``: the rows taken are appended to it. Once a replica's row is
         left, so are its later ones: each replica's rows apply in the batch's order."""
-        states, steady, chosen, rest, left = self._states, [], [], [], None
+        states, steady, rest, left = self._states, [], None, None
         for row in rows:
             try:
                 replica_id = row.replica_id
@@ -156,43 +157,31 @@ class DeploymentHealth:
                         or received_at <= state.push_received_at
                         or (state.applied_probe_started_at is not None
                             and received_at <= state.applied_probe_started_at)):
+                    if rest is None:
+                        rest, left = [], set()
                     rest.append(row)
-                    if left is None:
-                        left = set()
                     left.add(replica_id)
                     continue
             except (AttributeError, TypeError):  # not a ReportRow, or an unhashable id
+                if rest is None:
+                    rest, left = [], set()
                 rest.append(row)
                 continue
             steady.append(row)
-            chosen.append(state)
+        if rest is None:
+            rest = ()  # every row taken
         if not steady:
             return rest
         refused = self.registry.take_steady(steady, received_at)
         if refused:  # rare (the registry disagreed with the gate): back in batch order
-            return self._refused(rows, steady, refused, rest, received_at, taken)
-        for state in chosen:
-            state.push_received_at = received_at
-        self._due.schedule_all_in_order([row.replica_id for row in steady],
-                                        received_at + self._stale_s)
+            steady, rest = _without(rows, steady, refused, rest)
+        ids = [row.replica_id for row in steady]
+        for replica_id in ids:
+            states[replica_id].push_received_at = received_at
+        self._due.schedule_all_in_order(ids, received_at + self._stale_s)
         if taken is not None:
             taken += steady
         return rest
-
-    def _refused(self, rows: list[ReportRow], steady: list[ReportRow],
-                 refused: list[ReportRow], rest: list[ReportRow], received_at: float,
-                 taken: list[ReportRow] | None) -> list[ReportRow]:
-        """``take_steady``'s end when the registry refused some of its rows."""
-        out = {id(row) for row in refused}
-        steady = [row for row in steady if id(row) not in out]
-        for row in steady:
-            self._states[row.replica_id].push_received_at = received_at
-        self._due.schedule_all_in_order([row.replica_id for row in steady],
-                                        received_at + self._stale_s)
-        if taken is not None:
-            taken += steady
-        out.update(id(row) for row in rest)
-        return [row for row in rows if id(row) in out]
 
     def record_values(self, replica_id: str, healthy: bool, checked_at: float, failures: int,
                       error: str, received_at: float, via_heartbeat: bool = False) -> None:
@@ -318,3 +307,12 @@ class DeploymentHealth:
         stall = self.guard.statistics()
         return HealthView(self.registry.tracked, stall.state.value, stall.held, self.unhealthy,
                           len(self._failing))
+
+
+def _without(rows: Sequence[ReportRow], steady: list[ReportRow], refused: list[ReportRow],
+             rest: Sequence[ReportRow]) -> tuple[list[ReportRow], list[ReportRow]]:
+    """(``steady`` less ``refused``, the rows left for the general path in batch order)."""
+    out = {id(row) for row in refused}
+    steady = [row for row in steady if id(row) not in out]
+    out.update(id(row) for row in rest)
+    return steady, [row for row in rows if id(row) in out]

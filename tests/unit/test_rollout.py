@@ -17,7 +17,7 @@ PERIOD = 10.0  # make_spec's health_check_period_s
 
 def start(rollout: Rollout, rid: str, version: str, now: float) -> None:
     record = ReplicaRecord(rid, S.RUNNING, version, 0, rid, started_at=now - 1)
-    rollout.replica_moved(Moved(rid, S.STARTING, record, now))
+    rollout.replica_moved(Moved(rid, S.STARTING, record, now, started=True))
 
 
 def rolled_to_v2() -> Rollout:

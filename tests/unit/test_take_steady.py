@@ -77,7 +77,7 @@ def test_a_batch_taken_in_one_loop_leaves_what_row_by_row_leaves():
             now += rng.choice([0.1, 0.5, 3.0, 16.0])
             rows = _rows(rng, checked)
             taken: list = []
-            rest = batched.take_steady(rows, now, taken)
+            rest = list(batched.take_steady(rows, now, taken))
             assert sorted(map(id, taken + rest)) == sorted(map(id, rows))
             assert [r for r in rows if any(r is x for x in rest)] == rest  # in order
             _general(batched, rest, now)
@@ -112,7 +112,7 @@ def test_two_rows_of_a_replica_in_one_batch_apply_in_order():
     health.tick(T0)  # applied: their next healthy pushes are steady
     steady = [ReportRow("r0", 0, 0, True, 2.0, 0, ""), ReportRow("r0", 0, 0, True, 3.0, 0, "")]
     taken: list = []
-    assert health.take_steady(steady, T0 + 1, taken) == [] and taken == steady
+    assert not health.take_steady(steady, T0 + 1, taken) and taken == steady
     assert health.registry.get("r0").checked_at == 3.0  # the newer one last
     sick, after = ReportRow("r1", 0, 0, False, 2.0, 1, "x"), ReportRow("r1", 0, 0, True, 3.0, 0, "")
     assert health.take_steady([sick, after], T0 + 1) == [sick, after]  # after it, not steady
