@@ -11,7 +11,7 @@ timer costs no wall time). The shard's own reconcile loop is parked, as in the u
 tests' shard harness; the harness ticks it.
 
 Pushes (``PushSchedule``): every serving replica of the main deployment sends one
-healthy ``MetricReport`` carrying ``PushedHealth`` per health period (10 s), spread
+healthy report (its ``ReportRow``, as the shard receives it) per health period (10 s), spread
 evenly over the ticks; the autoscaled deployment's replicas report their load (2 ongoing
 requests, its target) every ``metrics_report_interval_s`` (1 s), health riding along.
 
@@ -44,7 +44,7 @@ from controlplane.replica_client import ReplicaDied
 from controlplane.settings import Settings, ShardSettings
 from controlplane.shard import ShardCore
 from controlplane.specs import DeploymentId, DeploymentSpec
-from controlplane.wire import MetricReport, PushedHealth, ReplicaDescription, report_row
+from controlplane.wire import ReplicaDescription, ReportRow
 from release_tests.scale import Limits, PhaseResult, percentile
 from tests.unit.virtual_time import loop_clock, run_virtual, wait_all_tasks_blocked
 
@@ -156,17 +156,18 @@ class PushSchedule:
             self._ids = sorted(replicas.running_ids())
             self._fingerprint = replicas.fingerprint
 
-    def _report(self, replica_id: str, now: float) -> MetricReport:
-        return MetricReport(replica_id, self._load, 0, PushedHealth(True, now, 0))
+    def _report(self, replica_id: str, now: float) -> ReportRow:
+        """A healthy report as the shard receives it: its row."""
+        return ReportRow(replica_id, self._load, 0, True, now, 0, "")
 
-    def due(self, now: float) -> list[MetricReport]:
+    def due(self, now: float) -> list[ReportRow]:
         self._owed += len(self._ids) * self._per_tick
         count, ids = int(self._owed), self._ids
         self._owed -= count
         start, self._cursor = self._cursor, self._cursor + count
         return [self._report(ids[i % len(ids)], now) for i in range(start, start + count)]
 
-    def everyone(self, now: float) -> list[MetricReport]:
+    def everyone(self, now: float) -> list[ReportRow]:
         return [self._report(replica_id, now) for replica_id in self._ids]
 
 
@@ -216,38 +217,40 @@ class FleetBench:
         return (r is not None and r.count(ReplicaState.RUNNING) == n and len(r) == n
                 and (version is None or r.count_version(version) == n))
 
-    def reports(self, everyone: bool = False) -> list[tuple[tuple[str, str], list]]:
-        """This tick's reports per deployment (harness work: not timed)."""
-        now, batches = self.clock.monotonic(), []
+    def messages(self, everyone: bool = False) -> list[tuple[tuple[str, str], list]]:
+        """This tick's messages per deployment, as the shard receives them (harness work:
+        not timed): each replica's report as its row, in a list of one for a direct report
+        (what the replica sends) or all of a deployment's rows in one list for a node
+        batch. Only the messages are alive when the ingest starts, as in the shard."""
+        now, messages = self.clock.monotonic(), []
         for dep_id, schedule in self.schedules.items():
             replicas = self.replicas(dep_id)
             if replicas is not None:
                 schedule.refresh(replicas)
-                batches.append((schedule.key,
-                                schedule.everyone(now) if everyone else schedule.due(now)))
-        return batches
+                rows = schedule.everyone(now) if everyone else schedule.due(now)
+                messages.append((schedule.key, [rows] if self.batched else
+                                 [[row] for row in rows]))
+        return messages
 
-    def ingest(self, batches: list) -> tuple[float, float, int]:
-        """Deliver reports one ``ShardCore.report_rows`` call each (a replica's direct
-        report: a batch of one) or, with ``batched``, as one ``report_batch`` of rows (a
-        node reporter's call). The rows are made before the clock starts, as the replica
-        or the reporter makes them: (wall s, CPU s, count)."""
-        rows = {key: [report_row(r) for r in reports] for key, reports in batches}
+    def ingest(self, messages: list) -> tuple[float, float, int]:
+        """Deliver this tick's messages: one ``ShardCore.report_rows`` call per replica (a
+        direct report: a batch of one) or, with ``batched``, one ``report_batch`` (a node
+        reporter's call): (wall s, CPU s, reports)."""
         c0, t0 = time.process_time(), time.perf_counter()
         if self.batched:
-            self.core.report_batch(rows)
+            self.core.report_batch({key: rows for key, [rows] in messages})
         else:
             report = self.core.report_rows
-            for key, key_rows in rows.items():
-                for row in key_rows:
-                    report(key, [row])
+            for key, calls in messages:
+                for rows in calls:
+                    report(key, rows)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        return wall, cpu, sum(len(reports) for _, reports in batches)
+        return wall, cpu, sum(len(rows) for _, calls in messages for rows in calls)
 
     async def step(self, phase: str, i: int, pushing: bool = True) -> Step:
         """One shard period: this tick's pushes arrive, the shard ticks, its owned tasks
         run until all are blocked, and the clock moves one tick interval."""
-        ingest_s, ingest_cpu, pushes = self.ingest(self.reports()) if pushing else (0, 0, 0)
+        ingest_s, ingest_cpu, pushes = self.ingest(self.messages()) if pushing else (0, 0, 0)
         self.core.slice_observer = lambda held_s: self.holds.append((phase, held_s * 1e3))
         c0, t0 = time.process_time(), time.perf_counter()
         self.core.tick()
@@ -277,7 +280,7 @@ class FleetBench:
     async def burst(self) -> None:
         """Every serving replica pushes now, consumed by one untimed tick: nothing is
         stale for the next 1.5 periods whatever the schedule did before."""
-        self.ingest(self.reports(everyone=True))
+        self.ingest(self.messages(everyone=True))
         await self.step("burst", 0, pushing=False)
 
 

@@ -110,6 +110,8 @@ class DeploymentHealth:
         self.set_period(period_s)
         self._states: dict[str, GateState] = {}
         self._due = DeadlineQueue()
+        self._steady: list[ReportRow] = []  # take_steady's scratch: a batch's steady rows
+        self._ids: list[str] = []  # ... and their replica ids
         # Watched replicas whose last observation failed (status counts them in O(1)); a
         # replica leaves it when it passes again or is no longer watched.
         self._failing: set[str] = set()
@@ -145,7 +147,9 @@ class DeploymentHealth:
         Returns the rows not taken, in batch order, for the general path (malformed ones
         among them); ``taken``: the rows taken are appended to it. Once a replica's row is
         left, so are its later ones: each replica's rows apply in the batch's order."""
-        states, steady, rest, left = self._states, [], None, None
+        # the batch's scratch lists are this object's, reused: a report allocates no
+        # container here (each would cost the collector, on every report)
+        states, steady, rest, left = self._states, self._steady, None, None
         for row in rows:
             try:
                 replica_id = row.replica_id
@@ -174,13 +178,19 @@ class DeploymentHealth:
             return rest
         refused = self.registry.take_steady(steady, received_at)
         if refused:  # rare (the registry disagreed with the gate): back in batch order
-            steady, rest = _without(rows, steady, refused, rest)
-        ids = [row.replica_id for row in steady]
-        for replica_id in ids:
+            kept, rest = _without(rows, steady, refused, rest)
+            steady.clear()
+            steady = kept
+        ids = self._ids
+        for row in steady:
+            replica_id = row.replica_id
             states[replica_id].push_received_at = received_at
+            ids.append(replica_id)
         self._due.schedule_all_in_order(ids, received_at + self._stale_s)
+        ids.clear()
         if taken is not None:
             taken += steady
+        steady.clear()  # no row outlives its batch here
         return rest
 
     def record_values(self, replica_id: str, healthy: bool, checked_at: float, failures: int,

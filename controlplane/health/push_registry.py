@@ -86,6 +86,7 @@ class HealthPushRegistry:
         self._dirty: dict[str, None] = {}  # insertion-ordered set
         self._last_prune_at: float | None = None
         self._prune_passes = 0
+        self._intervals: list[float] = []  # take_steady's scratch, reused: no list per batch
 
     @property
     def tracked(self) -> int:
@@ -136,7 +137,7 @@ class HealthPushRegistry:
         advanced in place and its interval recorded, as ``record_values`` would, but not
         marked dirty (the caller acts on it at once). Returns the rows refused, untouched,
         for the general path (usually none)."""
-        entries, intervals, refused = self._entries, [], None
+        entries, intervals, refused = self._entries, self._intervals, None
         for row in rows:
             checked_at = row.checked_at
             entry = entries.get(row.replica_id)
@@ -157,6 +158,7 @@ class HealthPushRegistry:
                 self._prune(received_at)
             self._totals.pushes_total += len(intervals)
             self._totals.intervals.record_many(intervals, received_at)
+            intervals.clear()
         return refused if refused is not None else _NONE
 
     def get(self, replica_id: str) -> PushEntry | None:
