@@ -2,6 +2,9 @@
 
     python -m release_tests.health_push --replicas 16384 --duration-s 120 --mode batched,push
 
+Each replica reports every ``--report-interval-s`` (default: the product's
+``metrics_report_interval_s``, 1 s), its health riding on the report.
+
 Runs N simulated replicas (many per host process, ``release_tests.sim_fleet``) against a
 real ``ControllerShard`` (its ``report_batch`` / ``report_rows`` actor methods,
 ``ShardCore``, ``DeploymentHealth``, stall guard and probes), once per mode:
@@ -43,7 +46,9 @@ import pyarrow.parquet as pq
 import ray
 
 from controlplane.instance import start_local_ray
+from controlplane.settings import ReplicaSettings
 from release_tests.machine import describe, describe_line
+from release_tests.results import folders, record
 from release_tests.sim_fleet import SimConfig, SimFleet
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -144,8 +149,9 @@ def _table(results: dict, args: argparse.Namespace) -> str:
 
 
 def _write_parquet(all_rows: dict, args: argparse.Namespace) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"health_push_{args.replicas}_{int(time.time())}.parquet"
+    raw = folders(args.smoke)[1]
+    raw.mkdir(parents=True, exist_ok=True)
+    path = raw / f"health_push_{args.replicas}_{int(time.time())}.parquet"
     tables = [pa.table({"mode": [mode] * len(rows["replica_id"]), **rows}, schema=SCHEMA)
               for mode, rows in all_rows.items()]
     pq.write_table(pa.concat_tables(tables), path)
@@ -154,8 +160,8 @@ def _write_parquet(all_rows: dict, args: argparse.Namespace) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--replicas", type=int, required=True)
-    parser.add_argument("--duration-s", type=float, required=True)
+    parser.add_argument("--replicas", type=int)
+    parser.add_argument("--duration-s", type=float)
     parser.add_argument("--mode", default="batched,push",
                         help="comma-separated: batched (node reporters' batches, the "
                              "default path), push (one call per report), pull; 'both' = "
@@ -164,13 +170,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="batched mode: a host (node) sends its shard one batch per this")
     parser.add_argument("--period-s", type=float, default=10.0, help="health_check_period_s")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="health_check_timeout_s")
-    parser.add_argument("--report-interval-s", type=float, default=10.0,
-                        help="metric report interval (stock Ray Serve: 10 s)")
+    parser.add_argument("--report-interval-s", type=float,
+                        default=ReplicaSettings().metrics_report_interval_s,
+                        help="each replica's report interval (default: the product's "
+                             "metrics_report_interval_s)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="200 replicas, batched, a few seconds (the suite's)")
     parser.add_argument("--warmup-periods", type=float, default=3.0,
                         help="health periods between all-running and measuring")
     parser.add_argument("--per-host", type=int, default=2048,
                         help="simulated replicas per host process")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.replicas, args.duration_s, args.warmup_periods, args.period_s = 200, 2.0, 1.0, 2.0
+        args.per_host, args.mode = 200, "batched"
+    if args.replicas is None or args.duration_s is None:
+        parser.error("--replicas and --duration-s are required (or --smoke)")
     start_local_ray()
     print(f"machine: {describe_line()}")
     print(f"config: period {args.period_s}s, timeout {args.timeout_s}s, reports every "
@@ -192,7 +207,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"records: {_write_parquet(all_rows, args)}")
     print(f"machine: {json.dumps(describe())}")
     ray.shutdown()
-    print(json.dumps({mode: {k: r[k] for k in KEYS} for mode, r in results.items()}))
+    line = {mode: {k: r[k] for k in KEYS} for mode, r in results.items()}
+    summary = {"figures": {mode: {k: v for k, v in r.items() if not isinstance(v, (list, dict))}
+                           for mode, r in results.items()},
+               "config": {k: getattr(args, k) for k in ("replicas", "duration_s", "period_s",
+                                                        "report_interval_s", "batch_interval_s",
+                                                        "per_host")}}
+    print(f"results: {record('health_push', summary, smoke=args.smoke)}")
+    print(json.dumps(line))
+    if args.smoke and any(r["updates"] == 0 for r in results.values()):
+        return 1  # a mode that took in no update is broken
     return 0
 
 

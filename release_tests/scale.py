@@ -1,32 +1,42 @@
 """The control plane at fleet scale: fleetplane's shard and Ray Serve 2.60's controller state
-at the same N replicas, on the same machine, in one run (issues 13 and 16).
+at the same N replicas, on the same machine, in one run.
 
     python -m release_tests.scale --replicas 1000,4000,16000,32000 [--quick] [--ray]
 
 In process, no Ray cluster: each (system, N) runs in its own worker process (so RSS and
 the garbage collector's state are its own), through the real controller objects with
 fake replicas that start and stop at once (``scale_fleet``: ``ShardCore``;
-``scale_serve``: ``DeploymentStateManager``). Measured per N:
+``scale_serve``: ``DeploymentStateManager``). Both at their products' defaults: every
+fleetplane replica reports every ``--report-interval-s`` (default: the product's
+``metrics_report_interval_s``, 1 s) with its health riding on it, through node batches
+(the default path); Serve's controller checks each replica's health every
+``health_check_period_s`` (10 s) inside its ``update()``. Measured per N:
 
-- steady tick p50/p99: fleetplane's ``ShardCore.tick()`` with one push per replica per
-  10 s period flowing (``report_rows`` of rows with health, spread over the 0.1 s
-  ticks) and one more autoscaled deployment of N/16 replicas reporting load every second;
-  Serve's ``DeploymentStateManager.update()`` with N RUNNING replicas, always healthy.
-- fleetplane only: the tick's own work (no pushes), ``push_us`` (ingest plus the tick
-  time the pushes add, per push), the tick during a rolling update (10% surge), shard RSS.
-- both: 0 -> N RUNNING (``scaleup_s``), a rolling replacement of all N, a scale-down to
-  N/32, each as the controller's time with its calls back to back (replicas start at
-  once, so this is the control plane's own bound; a real loop adds its 0.1 s sleeps,
-  shown as ticks) and its CPU per replica.
-- fleetplane, beside ``push_us``: the same pushes as node batches (``report_batch``, the
-  path replicas take by default), ``push_batched_us``.
+- ``period_cpu_ms`` (the headline): all of the controller's work in one 0.1 s period.
+  fleetplane: its tick, the ingest of every report that arrived in that period and the
+  owned tasks; Serve: its ``update()``, its health checks included. Median over the
+  steady periods, CPU time. fleetplane's with direct reports (one call each, the path of
+  a replica whose node has no reporter) beside it.
+- ``tick_p50_ms``: the tick (``update()``) alone, wall, reports flowing.
+- ``rollout_period_cpu_ms``: the same per-period work during a rolling replacement of all
+  N (fleetplane: 10% surge; its loop is also held at most one slice at a time, shown as
+  ``rollout_tick_ms``).
+- ``scaleup_s`` and ``cpu_us_per_start``: 0 -> N RUNNING, the controller's time with its
+  calls back to back (replicas start at once, so this is the control plane's own bound)
+  and its CPU per start with a full collection after it counted for both (fleetplane's
+  shard defers its collection while it starts replicas: ``plan_freeze``);
+  ``scaleup_cpu_us_per_replica`` is the same without the collection.
+- fleetplane: the tick's own work (no reports), the cost per report (batched and direct),
+  shard RSS; both: the rolling replacement and a scale-down to N/32.
 - with ``--ray``: ``release_tests.health_push`` (``--ray-mode``: batched by default, or
-  push; a real shard actor and simulated replicas) at each N for ``--ray-duration-s``:
-  shard CPU per health update and the freshness miss rate.
+  push; a real shard actor and simulated replicas at the same report interval) at each N
+  for ``--ray-duration-s``: shard CPU per health update and the freshness miss rate.
 
 Prints the machine, the table, the 16K/1K growth of tick p50 for both, py-spy's top
-frames of the 16K steady tick (flame graph under ``release_tests/results/``), writes
-Parquet there, and as its last line one JSON object keyed by system and N.
+frames of the 16K steady tick (flame graph under ``release_tests/results/``), records
+``release_tests/measured/scale.json`` (``release_tests.results``) and, as its last line,
+one JSON object keyed by system and N. ``--smoke``: both systems at 200 replicas, a few
+ticks, no profile (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -41,17 +51,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from controlplane.settings import ReplicaSettings
+
 RESULTS = Path(__file__).resolve().parent / "results"
+_PRODUCT_REPORT_S = ReplicaSettings().metrics_report_interval_s
 FULL_SIZES = "1000,4000,16000,32000"
 QUICK_SIZES = "1000,4000"
-FLEET_KEYS = ("tick_p50_ms", "tick_p99_ms", "push_us", "rollout_tick_ms", "scaleup_s",
-              "shard_cpu_us_per_update", "miss_rate")
-SERVE_KEYS = ("tick_p50_ms", "scaleup_s")
-# Beside the contract keys: the same figures as CPU time, which another process on the
-# cores (a CI run) does not inflate the way it inflates wall time, and the push cost on
-# the node-batch path (``ShardCore.report_batch``, what replicas use by default).
-CPU_KEYS = ("tick_cpu_p50_ms", "rollout_tick_cpu_ms", "scaleup_cpu_us_per_replica")
-FLEET_EXTRA_KEYS = CPU_KEYS + ("push_batched_us",)
+# The last line's keys, per system and N (a system without one shows null).
+KEYS = ("period_cpu_ms", "tick_p50_ms", "rollout_period_cpu_ms", "scaleup_s",
+        "cpu_us_per_start", "report_interval_s", "tick_p99_ms", "tick_cpu_p50_ms",
+        "period_cpu_p99_ms", "rollout_tick_ms", "rollout_tick_cpu_ms",
+        "scaleup_cpu_us_per_replica", "period_cpu_direct_ms", "push_batched_us", "push_us",
+        "shard_cpu_us_per_update", "miss_rate")
 
 
 def log(message: str) -> None:
@@ -111,7 +122,8 @@ def run_worker(args: argparse.Namespace) -> None:
         opts = FleetOptions(steady_ticks=args.steady_ticks, start_delay_s=args.start_delay_s,
                             surge_fraction=args.surge_fraction, limits=_limits(args),
                             profile_s=args.profile_s if args.n == args.profile_n else 0.0,
-                            profile_path=str(RESULTS / f"scale_tick_{args.n}.svg"))
+                            profile_path=str(RESULTS / f"scale_tick_{args.n}.svg"),
+                            report_interval_s=args.report_interval_s)
         result, samples = run_fleet(args.n, opts, log)
     else:
         from release_tests.scale_serve import run_serve
@@ -124,7 +136,8 @@ def _scaleup_only(args: argparse.Namespace) -> dict:
     if args.worker == "fleetplane":
         from release_tests.scale_fleet import FleetOptions, run_fleet_scaleup
         return run_fleet_scaleup(args.n, FleetOptions(
-            steady_ticks=0, start_delay_s=args.start_delay_s, limits=_limits(args)))
+            steady_ticks=0, start_delay_s=args.start_delay_s, limits=_limits(args),
+            report_interval_s=args.report_interval_s))
     from release_tests.scale_serve import run_serve_scaleup
     return run_serve_scaleup(args.n, args.start_delay_s, _limits(args))
 
@@ -145,7 +158,7 @@ def _spawn(system: str, n: int, args: argparse.Namespace,
            str(args.surge_fraction), "--max-ticks", str(args.max_ticks),
            "--phase-budget-s", str(args.phase_budget_s),
            "--profile-n", str(args.profile_n), "--profile-s", str(args.profile_s),
-           "--phase", phase]
+           "--report-interval-s", str(args.report_interval_s), "--phase", phase]
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent,
@@ -177,7 +190,7 @@ def through_ray(sizes: list[int], args: argparse.Namespace) -> dict[int, dict]:
         for n in sizes:
             hp_args = argparse.Namespace(
                 replicas=n, duration_s=args.ray_duration_s, period_s=10.0, timeout_s=30.0,
-                report_interval_s=10.0, warmup_periods=3.0, per_host=2048,
+                report_interval_s=args.report_interval_s, warmup_periods=3.0, per_host=2048,
                 batch_interval_s=1.0)
             measured[n], _rows = run_mode(args.ray_mode, hp_args)
             log(f"[ray {n}] {measured[n]['controller_cpu_us_per_update']:.1f} us shard CPU "
@@ -189,19 +202,23 @@ def through_ray(sizes: list[int], args: argparse.Namespace) -> dict[int, dict]:
 
 # ---- report --------------------------------------------------------------------------------
 COLUMNS = [  # (header, key, format); a system without the key shows "-"
-    ("tick p50 ms", "tick_p50_ms", "{:.3f}"), ("tick p99 ms", "tick_p99_ms", "{:.3f}"),
-    ("tick CPU p50 ms", "tick_cpu_p50_ms", "{:.3f}"),
+    ("work per 0.1 s period, CPU p50 ms", "period_cpu_ms", "{:.2f}"),
+    ("... p99 ms", "period_cpu_p99_ms", "{:.2f}"),
+    ("... with direct reports ms", "period_cpu_direct_ms", "{:.2f}"),
+    ("tick alone p50 ms", "tick_p50_ms", "{:.3f}"), ("tick p99 ms", "tick_p99_ms", "{:.3f}"),
     ("own tick CPU p50 ms", "own_tick_cpu_p50_ms", "{:.3f}"),
-    ("push us (CPU)", "push_us", "{:.2f}"), ("push us batched", "push_batched_us", "{:.2f}"),
-    ("pushes/tick", "pushes_per_tick", "{:.0f}"),
-    ("rollout tick p50 ms", "rollout_tick_ms", "{:.1f}"),
-    ("rollout tick CPU p50 ms", "rollout_tick_cpu_ms", "{:.1f}"),
+    ("us per report batched", "push_batched_us", "{:.2f}"),
+    ("us per report direct", "push_us", "{:.2f}"),
+    ("reports per period", "pushes_per_tick", "{:.0f}"),
+    ("rollout: work per period ms", "rollout_period_cpu_ms", "{:.1f}"),
+    ("rollout: loop held p50 ms", "rollout_tick_ms", "{:.2f}"),
     ("scale-up s", "scaleup_s", "{:.2f}"), ("ticks", "scaleup_ticks", "{}"),
-    ("CPU us/start", "scaleup_cpu_us_per_replica", "{:.0f}"),
+    ("CPU us/start (with GC)", "cpu_us_per_start", "{:.0f}"),
+    ("CPU us/start (without)", "scaleup_cpu_us_per_replica", "{:.0f}"),
     ("replace-all s", "replace_s", "{:.2f}"), ("ticks", "replace_ticks", "{}"),
     ("scale-down s", "scaledown_s", "{:.2f}"), ("RSS MB", "shard_rss_mb", "{:.0f}"),
     ("status() ms", "status_ms", "{:.0f}"), ("summary ms", "status_summary_ms", "{:.2f}"),
-    ("shard CPU us/update", "shard_cpu_us_per_update", "{:.1f}"),
+    ("shard CPU us/update (Ray)", "shard_cpu_us_per_update", "{:.1f}"),
     ("miss rate", "miss_rate", "{:.4%}"),
 ]
 
@@ -230,17 +247,19 @@ def growth(by_n: dict[int, dict]) -> str:
     return f"{by_n[hi]['tick_p50_ms'] / by_n[lo]['tick_p50_ms']:.1f}x ({hi}/{lo})"
 
 
-def write_parquet(results: dict, samples: list[tuple]) -> list[Path]:
+def write_parquet(results: dict, samples: list[tuple], smoke: bool = False) -> list[Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    from release_tests.results import folders
+    raw = folders(smoke)[1]
+    raw.mkdir(parents=True, exist_ok=True)
     stamp = int(time.time())
     keys = sorted({k for by_n in results.values() for r in by_n.values() for k in r})
     rows = [{"system": s, "replicas": n,
              **{k: (json.dumps(r[k]) if isinstance(r.get(k), (list, dict)) else r.get(k))
                 for k in keys}}
             for s, by_n in results.items() for n, r in by_n.items()]
-    summary, ticks = RESULTS / f"scale_{stamp}.parquet", RESULTS / f"scale_ticks_{stamp}.parquet"
+    summary, ticks = raw / f"scale_{stamp}.parquet", raw / f"scale_ticks_{stamp}.parquet"
     pq.write_table(pa.Table.from_pylist(rows), summary)
     pq.write_table(pa.table({name: [row[i] for row in samples] for i, name in enumerate(
         ("system", "replicas", "phase", "tick", "tick_ms", "tick_cpu_ms"))}), ticks)
@@ -271,11 +290,10 @@ def print_profile(n: int, profile: dict) -> None:
 
 
 def last_line(results: dict[str, dict[int, dict]]) -> dict:
-    def pick(r: dict, keys: tuple) -> dict:
-        return {k: (round(r[k], 4) if isinstance(r.get(k), float) else r.get(k)) for k in keys}
-    return {"fleetplane": {str(n): pick(r, FLEET_KEYS + FLEET_EXTRA_KEYS)
-                           for n, r in results["fleetplane"].items()},
-            "serve": {str(n): pick(r, SERVE_KEYS + CPU_KEYS) for n, r in results["serve"].items()}}
+    def pick(r: dict) -> dict:
+        return {k: (round(r[k], 4) if isinstance(r.get(k), float) else r.get(k)) for k in KEYS}
+    return {system: {str(n): pick(r) for n, r in by_n.items()}
+            for system, by_n in results.items()}
 
 
 # ---- main ----------------------------------------------------------------------------------
@@ -284,6 +302,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--replicas", default=None,
                    help=f"comma-separated N (default {FULL_SIZES}; --quick: {QUICK_SIZES})")
     p.add_argument("--quick", action="store_true", help="small N and fewer steady ticks")
+    p.add_argument("--smoke", action="store_true",
+                   help="both systems at 200 replicas, a few ticks, no profile (the suite's)")
+    p.add_argument("--report-interval-s", type=float, default=_PRODUCT_REPORT_S,
+                   help="each replica's report interval (default: the product's "
+                        f"metrics_report_interval_s, {_PRODUCT_REPORT_S:g} s)")
     p.add_argument("--steady-ticks", type=int, default=None,
                    help="steady ticks / updates measured (default 300; --quick 100)")
     p.add_argument("--start-delay-s", type=float, default=0.0,
@@ -313,6 +336,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.smoke:
+        args.replicas, args.steady_ticks, args.scaleup_runs = "200", 20, 1
+        args.profile_s = 0.0
     if args.replicas is None:
         args.replicas = QUICK_SIZES if args.quick else FULL_SIZES
     if args.steady_ticks is None:
@@ -345,10 +371,11 @@ def _median_scaleup(result: dict, more: list[dict | None]) -> dict:
     runs = [r for r in [result, *more] if r is not None and r["scaleup_s"] is not None]
     if not runs:
         return result
-    mid = sorted(runs, key=lambda r: r["scaleup_cpu_us_per_replica"])[(len(runs) - 1) // 2]
-    return {**result, **{k: mid[k] for k in ("scaleup_s", "scaleup_ticks",
-                                             "scaleup_cpu_us_per_replica")},
-            "scaleup_runs_cpu_us": [round(r["scaleup_cpu_us_per_replica"], 1) for r in runs]}
+    mid = sorted(runs, key=lambda r: r["cpu_us_per_start"])[(len(runs) - 1) // 2]
+    return {**result, **{k: mid[k] for k in ("scaleup_s", "scaleup_ticks", "cpu_us_per_start",
+                                             "scaleup_cpu_us_per_replica",
+                                             "scaleup_collect_ms")},
+            "scaleup_runs_cpu_us": [round(r["cpu_us_per_start"], 1) for r in runs]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,27 +384,39 @@ def main(argv: list[str] | None = None) -> int:
         run_worker(args)
         return 0
     from release_tests.machine import describe, describe_line
+    from release_tests.results import record
     sizes = [int(s) for s in args.replicas.split(",")]
     print(f"machine: {describe_line()}")
     print(f"conditions: {busy_note()}")
-    print(f"config: steady {args.steady_ticks} ticks of 0.1 s (fake clock), health period "
-          f"10 s, autoscaled deployment N/16 reporting every 1 s, rolling surge "
-          f"{args.surge_fraction:.0%}, replica start delay {args.start_delay_s}s")
+    print(f"config: steady {args.steady_ticks} periods of 0.1 s (fake clock); fleetplane's "
+          f"replicas report every {args.report_interval_s:g} s (node batches; direct beside), "
+          f"an autoscaled deployment of N/16 beside; Serve checks health every 10 s in "
+          f"update(); rolling surge {args.surge_fraction:.0%}; replica start delay "
+          f"{args.start_delay_s}s")
     started = time.monotonic()
     results, samples = measure(sizes, args)
     print(table(results))
     print(f"tick p50 growth: fleetplane {growth(results['fleetplane'])}, "
           f"Ray Serve {growth(results['serve'])}")
-    print("0 -> N, CPU us per start of each run (the table: their median): " + "; ".join(
-        f"{system} {n}: {r.get('scaleup_runs_cpu_us')}"
-        for system, by_n in results.items() for n, r in sorted(by_n.items())))
+    print("0 -> N, CPU us per start (a full collection counted) of each run (the table: "
+          "their median): " + "; ".join(f"{system} {n}: {r.get('scaleup_runs_cpu_us')}"
+                                        for system, by_n in results.items()
+                                        for n, r in sorted(by_n.items())))
     for n, r in results["fleetplane"].items():
         print_profile(n, r.get("profile") or {})
-    for path in write_parquet(results, samples):
+    for path in write_parquet(results, samples, args.smoke):
         print(f"records: {path}")
+    line = last_line(results)
+    print(f"results: {record('scale', {'figures': line, 'config': _config(args)}, smoke=args.smoke)}")
     print(f"wall: {time.monotonic() - started:.0f}s; machine: {json.dumps(describe())}")
-    print(json.dumps(last_line(results)))
+    print(json.dumps(line))
     return 0
+
+
+def _config(args: argparse.Namespace) -> dict:
+    return {"report_interval_s": args.report_interval_s, "steady_periods": args.steady_ticks,
+            "surge_fraction": args.surge_fraction, "start_delay_s": args.start_delay_s,
+            "scaleup_runs": args.scaleup_runs, "health_check_period_s": 10.0}
 
 
 if __name__ == "__main__":

@@ -9,9 +9,13 @@ each figure for both and their ratio (new / old), with every run's value beside 
 as its last line one JSON object: ``{"old": REV, "new": HEAD, "date", "machine",
 "figures": {N: {KEY: {"old", "new", "ratio"}}}}``.
 
-The figures: ``scaleup_cpu_us_per_replica`` (CPU per replica start, 0 -> N),
-``push_us`` (a replica's direct report), ``push_batched_us`` (a report in a node
-reporter's batch), ``tick_cpu_p50_ms`` (the steady tick) and ``rollout_tick_cpu_ms``.
+The figures (each where both trees' harnesses report it): ``cpu_us_per_start`` (CPU per
+replica start, a full collection counted) and ``scaleup_cpu_us_per_replica`` (without),
+``period_cpu_ms`` (all work per 0.1 s period), ``push_us`` (a replica's direct report),
+``push_batched_us`` (a report in a node reporter's batch), ``tick_cpu_p50_ms`` (the steady
+tick) and ``rollout_tick_cpu_ms``. Harnesses differ between commits (which path the steady
+tick is measured on, the report interval): compare a figure across commits only where
+its definition did not change, and pass ``--report-interval-s`` to match them.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ import time
 from pathlib import Path
 
 from release_tests.machine import describe, describe_line
+from release_tests.results import record
 
 ROOT = Path(__file__).resolve().parent.parent
-KEYS = ("scaleup_cpu_us_per_replica", "push_us", "push_batched_us", "tick_cpu_p50_ms",
-        "rollout_tick_cpu_ms")
+KEYS = ("cpu_us_per_start", "period_cpu_ms", "scaleup_cpu_us_per_replica", "push_us",
+        "push_batched_us", "tick_cpu_p50_ms", "rollout_tick_cpu_ms")
 
 
 def log(message: str) -> None:
@@ -42,10 +47,14 @@ def git(*args: str) -> str:
 
 
 def run_scale(tree: Path, args: argparse.Namespace) -> dict:
-    """One ``release_tests.scale`` run in ``tree``: its last line, fleetplane's figures."""
+    """One ``release_tests.scale`` run in ``tree``: its last line, fleetplane's figures. A
+    tree whose harness takes ``--report-interval-s`` is given ``args.report_interval_s``."""
     cmd = [sys.executable, "-m", "release_tests.scale", "--no-serve", "--replicas",
            args.replicas, "--profile-s", "0", "--scaleup-runs", "1", "--steady-ticks",
            str(args.steady_ticks)]
+    if args.report_interval_s and "--report-interval-s" in (
+            tree / "release_tests" / "scale.py").read_text():
+        cmd += ["--report-interval-s", str(args.report_interval_s)]
     out = subprocess.run(cmd, cwd=tree, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["fleetplane"]
 
@@ -89,11 +98,21 @@ def table(result: dict) -> str:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--old", required=True, help="the revision to compare this checkout with")
+    p.add_argument("--old", help="the revision to compare this checkout with")
     p.add_argument("--replicas", default="16000,32000", help="comma-separated N")
     p.add_argument("--runs", type=int, default=3, help="runs per commit (medians)")
     p.add_argument("--steady-ticks", type=int, default=300)
-    return p.parse_args(argv)
+    p.add_argument("--report-interval-s", type=float, default=None,
+                   help="passed to each tree whose harness takes it (a harness older than "
+                        "the flag reports every 10 s: pass 10 to compare with one)")
+    p.add_argument("--smoke", action="store_true",
+                   help="HEAD against itself at 200 replicas, one run (the suite's)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.old, args.replicas, args.runs, args.steady_ticks = "HEAD", "200", 1, 20
+    elif args.old is None:
+        p.error("--old is required")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             git("worktree", "remove", "--force", str(worktree))
     result = figures(runs, args.replicas.split(","))
     print(table(result))
+    print(f"results: {record('scale_compare', {'old': old_rev, 'new': new_rev, 'figures': result}, smoke=args.smoke)}")
     print(json.dumps({"old": old_rev, "new": new_rev, "date": time.strftime("%Y-%m-%d"),
                       "machine": describe(), "figures": result}))
-    return 0
+    return 0 if result else 1
 
 
 if __name__ == "__main__":

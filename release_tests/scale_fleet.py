@@ -10,10 +10,11 @@ the harness says) and the event loop (``tests.unit.virtual_time.VirtualTimeLoop`
 timer costs no wall time). The shard's own reconcile loop is parked, as in the unit
 tests' shard harness; the harness ticks it.
 
-Pushes (``PushSchedule``): every serving replica of the main deployment sends one
-healthy report (its ``ReportRow``, as the shard receives it) per health period (10 s), spread
-evenly over the ticks; the autoscaled deployment's replicas report their load (2 ongoing
-requests, its target) every ``metrics_report_interval_s`` (1 s), health riding along.
+Reports (``PushSchedule``): every serving replica sends one report (its ``ReportRow``, as
+the shard receives it) every ``report_interval_s``, by default the product's
+``ReplicaSettings.metrics_report_interval_s`` (1 s), spread evenly over the ticks; its
+health rides on it. The main deployment's replicas report no load; the autoscaled one's
+report 2 ongoing requests each (its target).
 
 Timing: ``perf_counter`` and ``process_time`` around each controller call only: the
 tick, the ingest of one tick's pushes (``ShardCore.report_rows``), and the owned
@@ -41,7 +42,7 @@ from controlplane.clock import FakeClock
 from controlplane.deployment.lifecycle import ReplicaState
 from controlplane.plan_freeze import PlanFreeze
 from controlplane.replica_client import ReplicaDied
-from controlplane.settings import Settings, ShardSettings
+from controlplane.settings import ReplicaSettings, Settings, ShardSettings
 from controlplane.shard import ShardCore
 from controlplane.specs import DeploymentId, DeploymentSpec
 from controlplane.wire import ReplicaDescription, ReportRow
@@ -49,8 +50,8 @@ from release_tests.scale import Limits, PhaseResult, percentile
 from tests.unit.virtual_time import loop_clock, run_virtual, wait_all_tasks_blocked
 
 TICK_S = 0.1  # ShardSettings.tick_interval_s default: the shard's reconcile period
-PERIOD_S = 10.0  # health_check_period_s: one push per replica per period
-REPORT_S = 1.0  # ReplicaSettings.metrics_report_interval_s: the autoscaled replicas' reports
+PERIOD_S = 10.0  # health_check_period_s (the stock period)
+REPORT_S = ReplicaSettings().metrics_report_interval_s  # the product's report interval
 PARKED_S = 1e9  # the shard's own loop ticks once, then waits past the run
 MAIN = DeploymentId("bench", "main")
 AUTO = DeploymentId("bench", "auto")
@@ -191,17 +192,19 @@ class Step:
 class FleetBench:
     """A ``ShardCore`` on fakes, stepped one tick at a time (inside ``run_virtual``)."""
 
-    def __init__(self, surge_fraction: float, start_delay_s: float) -> None:
+    def __init__(self, surge_fraction: float, start_delay_s: float,
+                 report_interval_s: float = REPORT_S) -> None:
         self.clock = loop_clock()
         shard = ShardSettings(tick_interval_s=PARKED_S, rolling_surge_fraction=surge_fraction)
         self.client = InstantReplicaClient(start_delay_s)
         # the collector as the shard actor runs it (PlanFreeze: frozen while slicing)
         self.core = ShardCore(0, Settings(shard=shard), self.client, self.clock,
                               collector=PlanFreeze())
-        self.schedules = {MAIN: PushSchedule(MAIN, PERIOD_S, load=0),
-                          AUTO: PushSchedule(AUTO, REPORT_S, load=2)}
+        self.schedules = {MAIN: PushSchedule(MAIN, report_interval_s, load=0),
+                          AUTO: PushSchedule(AUTO, report_interval_s, load=2)}
         self.samples: list[tuple] = []  # (phase, tick, tick ms, tick CPU ms)
         self.batched = False  # pushes as node batches (ShardCore.report_batch)
+        self.report_interval_s = report_interval_s
         # (phase, ms) of each time the reconcile held the loop: a tick, or a later slice
         # of its plan (ShardSettings.transitions_per_slice)
         self.holds: list[tuple[str, float]] = []
@@ -292,41 +295,63 @@ class FleetOptions:
     limits: Limits = Limits()
     profile_s: float = 0.0  # > 0: py-spy the steady tick for this long
     profile_path: str = ""
+    report_interval_s: float = REPORT_S  # each replica's reports (the product's default)
 
 
 async def _steady(bench: FleetBench, n: int, opts: FleetOptions, log: Callable) -> dict:
-    """Steady state with pushes flowing (one call per report) and an autoscaled deployment;
-    the tick's own work with no pushes; then the same pushes as node batches."""
+    """Steady state with reports flowing at ``report_interval_s`` and an autoscaled
+    deployment: first as node batches (the product's default path), then the tick's own
+    work with no reports, then the same reports one call each (a replica's direct report).
+    ``period_cpu_ms``: all the shard's work in one 0.1 s period (its tick, the ingest of the
+    reports that arrived in it, the owned tasks), the figure to set beside Serve's
+    ``update()``."""
     m = max(1, n // 16)
     bench.core.apply([autoscaled_spec(m)], [])
     await bench.converge("auto_up", lambda: bench.settled(AUTO, m), opts.limits)
     await bench.run_ticks("warmup", int(1.5 * PERIOD_S / TICK_S))  # every replica pushed
     probes0, stalls0 = bench.client.probes, bench.core.health_totals.stall_episodes_total
-    pushed = await bench.run_ticks("steady", opts.steady_ticks)
+    bench.batched = True
+    default = await bench.run_ticks("steady", opts.steady_ticks)
     probes = bench.client.probes - probes0
     stalls = bench.core.health_totals.stall_episodes_total - stalls0
     await bench.burst()
     quiet = await bench.run_ticks("own", min(opts.steady_ticks, NO_PUSH_TICKS_MAX), False)
     await bench.burst()
-    own_cpu_ms = [s.tick_cpu_s * 1e3 for s in quiet]
-    result = {**_tick_figures("", pushed), **_tick_figures("own_", quiet),
-              "push_us": _push_us(pushed, _mean(own_cpu_ms)),
-              "ingest_us_per_push": _ingest_us(pushed),
-              "pushes_per_tick": sum(s.pushes for s in pushed) / len(pushed),
+    bench.batched = False
+    direct = await bench.run_ticks("steady_direct", opts.steady_ticks)
+    bench.batched = True  # what follows (profile, rollout) reports as the product does
+    own_cpu_ms = _mean([s.tick_cpu_s * 1e3 for s in quiet])
+    result = {**_tick_figures("", default), **_tick_figures("own_", quiet),
+              **_tick_figures("direct_", direct),
+              "period_cpu_ms": percentile([s.cpu_s * 1e3 for s in default], 50),
+              "period_cpu_p99_ms": percentile([s.cpu_s * 1e3 for s in default], 99),
+              "period_cpu_direct_ms": percentile([s.cpu_s * 1e3 for s in direct], 50),
+              "push_batched_us": _push_us(default, own_cpu_ms),
+              "ingest_batched_us_per_push": _ingest_us(default),
+              "push_us": _push_us(direct, own_cpu_ms), "ingest_us_per_push": _ingest_us(direct),
+              "pushes_per_tick": sum(s.pushes for s in default) / len(default),
+              "report_interval_s": bench.report_interval_s,
               "steady_probes": probes, "steady_stall_episodes": stalls,
               "auto_replicas": bench.replicas(AUTO).count(ReplicaState.RUNNING)}
-    if hasattr(bench.core, "report_batch"):
-        bench.batched = True
-        batched = await bench.run_ticks("steady_batched", opts.steady_ticks)
-        result.update(_tick_figures("batched_", batched))
-        result["push_batched_us"] = _push_us(batched, _mean(own_cpu_ms))
-        result["ingest_batched_us_per_push"] = _ingest_us(batched)
-        bench.batched = False  # what follows (profile, rollout) pushes one call per report
-    log(f"[fleetplane {n}] steady tick p50 {result['tick_p50_ms']:.3f} ms with "
-        f"{result['pushes_per_tick']:.0f} pushes/tick, {result['push_us']:.1f} us per push "
-        f"({result.get('push_batched_us', float('nan')):.1f} batched); own work p50 "
-        f"{result['own_tick_p50_ms']:.3f} ms")
+    log(f"[fleetplane {n}] steady: reports every {bench.report_interval_s:g} s "
+        f"({result['pushes_per_tick']:.0f} per 0.1 s period); all work per period p50 "
+        f"{result['period_cpu_ms']:.2f} ms CPU ({result['period_cpu_direct_ms']:.2f} ms with "
+        f"direct reports); the tick alone p50 {result['tick_p50_ms']:.3f} ms; "
+        f"{result['push_batched_us']:.2f} us per batched report, {result['push_us']:.2f} "
+        f"direct; own work p50 {result['own_tick_p50_ms']:.3f} ms")
     return result
+
+
+async def collected(bench: FleetBench, up: PhaseResult, n: int) -> dict:
+    """The scale-up's CPU per start with the collection its freeze deferred counted: one
+    more tick (the collector thaws: ``plan_freeze``) and a full collection, as the next one
+    the process runs over the new fleet would be."""
+    c0 = time.process_time()
+    await bench.step("scaleup_gc", 0, pushing=False)
+    gc.collect()
+    spent = time.process_time() - c0
+    return {"cpu_us_per_start": (up.cpu_s + spent) / n * 1e6 if up.converged else None,
+            "scaleup_collect_ms": spent * 1e3}
 
 
 def _tick_figures(prefix: str, steps: list[Step]) -> dict:
@@ -442,12 +467,14 @@ def _status_costs(core: ShardCore) -> dict:
 
 async def _run(n: int, opts: FleetOptions, log: Callable) -> tuple[dict, list]:
     rss0 = _rss_mb()
-    bench = FleetBench(opts.surge_fraction, opts.start_delay_s)
+    bench = FleetBench(opts.surge_fraction, opts.start_delay_s, opts.report_interval_s)
     bench.core.apply([make_spec(MAIN, n)], [])
     up = await bench.converge("scaleup", lambda: bench.settled(MAIN, n), opts.limits,
                               pushing=False)
-    log(f"[fleetplane {n}] scale-up {up.text(n)}")
-    result = {**up.as_dict("scaleup", n), **await _steady(bench, n, opts, log)}
+    result = {**up.as_dict("scaleup", n), **await collected(bench, up, n)}
+    log(f"[fleetplane {n}] scale-up {up.text(n)}; {result['cpu_us_per_start']:.0f} us per "
+        f"start with the deferred collection ({result['scaleup_collect_ms']:.0f} ms)")
+    result.update(await _steady(bench, n, opts, log))
     result["shard_rss_mb"] = _rss_mb() - rss0
     result.update(_status_costs(bench.core))
     result["profile"] = await _profile(bench, opts, log) if opts.profile_s > 0 else {}
@@ -455,8 +482,8 @@ async def _run(n: int, opts: FleetOptions, log: Callable) -> tuple[dict, list]:
     bench.core.apply([make_spec(MAIN, n, "v2")], [])
     roll = await bench.converge("rollout", lambda: bench.settled(MAIN, n, "v2"), opts.limits)
     result.update(roll.as_dict("replace", n))
-    # The rollout's "tick": each hold of the loop, a tick or a slice of its plan; all of
-    # the work per 0.1 s period besides (issue 13).
+    # The rollout's "tick": each hold of the loop, a tick or a slice of its plan; beside
+    # it, all of the work per 0.1 s period (the figure to set beside Serve's update()).
     holds = [ms for p, ms in bench.holds if p == "rollout"]
     result["rollout_tick_ms"] = percentile(holds, 50)
     result["rollout_tick_p99_ms"] = percentile(holds, 99)
@@ -492,5 +519,5 @@ def run_fleet_scaleup(n: int, opts: FleetOptions) -> dict:
         bench.core.apply([make_spec(MAIN, n)], [])
         up = await bench.converge("scaleup", lambda: bench.settled(MAIN, n), opts.limits,
                                   pushing=False)
-        return up.as_dict("scaleup", n)
+        return {**up.as_dict("scaleup", n), **await collected(bench, up, n)}
     return run_virtual(FakeClock(), scaleup)
