@@ -1,7 +1,7 @@
 """Is the Retry-After a router sends good advice? Issue 14's evaluation harness.
 
     python -m release_tests.retry_after_eval [--shapes ...] [--policies ...] [--duration-s 60]
-        [--runs 3] [--routers 1] [--mode once|until|both] [--jobs 1]
+        [--runs 3] [--routers 1] [--mode once|until|both] [--jobs 1] [--smoke]
 
 Every (load shape, policy, client mode) is simulated ``--runs`` times with seeds
 ``--seed``, ``--seed + 1``, ... (the same seeds for every policy, so policies meet the same
@@ -12,8 +12,11 @@ Policies: every name in ``controlplane.routing.retry_after.POLICIES`` at run tim
 of them as its fallback. Ray Serve itself is not simulated.
 
 Prints the machine, a table of medians per client mode, whether each of the issue's goals
-is met, writes one row per run as Parquet under release_tests/results/, and prints as its
-last line one JSON object ``{shape: {policy: {"<mode>_<metric>": median}}}``.
+is met, records the medians, the goals and the Retry-After values given (a histogram per
+mode, shape and policy) with ``release_tests.results.record`` (one row per run as
+Parquet beside it), and prints as its last line one JSON object
+``{shape: {policy: {"<mode>_<metric>": median}}}``. ``--smoke``: one shape (const2x), one
+run of a 10 s window after a 10 s warm-up, every policy; exits 1 if a run measured nothing.
 
 Goals (issue 14), checked per client mode on the computed policies:
 
@@ -31,19 +34,16 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Iterable
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from controlplane.routing.retry_after import POLICIES
 from release_tests.machine import describe, describe_line
+from release_tests.results import record
 from release_tests.retry_after_shapes import SHAPES
 from release_tests.retry_after_sim import PolicyRow, SimConfig, metrics, simulate
-from release_tests.scale import RESULTS
 
 MODES = ("once", "until")
 # (metric, header, format); the table's columns and the JSON's metrics
@@ -67,6 +67,8 @@ RELATIVE_MEASURES = {"goodput_per_s": -1, "attempts_per_admitted": 1, "latency_p
                      "latency_p99_s": 1}
 TOLERANCE = 5.0
 BASELINE = "static_5s"
+# --smoke: the same path on one short shape; explicit flags still win.
+SMOKE = {"shapes": ["const2x"], "runs": 1, "warmup_s": 10.0, "duration_s": 10.0}
 
 
 def policy_rows(names: Iterable[str], static_values_s: list[float]) -> list[PolicyRow]:
@@ -84,8 +86,12 @@ def _one(task: tuple[str, PolicyRow, SimConfig, int, int]) -> dict[str, Any]:
     shape, row, config, run, seed = task
     started = time.perf_counter()
     result = simulate(SHAPES[shape], row, config, seed)
+    given = Counter(v for o in result.outcomes for v in o.retry_afters)
     return {"mode": config.mode, "shape": shape, "policy": row.label, "run": run,
-            "seed": seed, "wall_s": time.perf_counter() - started, **metrics(result, config)}
+            "seed": seed, "wall_s": time.perf_counter() - started, **metrics(result, config),
+            # {"<seconds>" or "none": rejections}: the Retry-After values this run gave
+            "retry_after_given": json.dumps({("none" if v is None else str(v)): n
+                                             for v, n in sorted(given.items(), key=str)})}
 
 
 def run_all(shapes: list[str], rows: list[PolicyRow], configs: list[SimConfig], runs: int,
@@ -205,11 +211,30 @@ def _comparison(shape: str, metric: str, value: float | None, base: float | None
     return f"{shape} {metric} {_fmt(value, digits)} vs {_fmt(base, digits)}"
 
 
-def write_parquet(records: list[dict[str, Any]]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"retry_after_eval_{int(time.time())}.parquet"
-    pq.write_table(pa.Table.from_pylist(records), path)
-    return path
+def retry_after_given(records: list[dict[str, Any]]) -> dict[str, dict[str, dict]]:
+    """``{mode: {shape: {policy: {"<seconds>": rejections}}}}``, summed over runs: the
+    Retry-After values a policy gave (a histogram; integer seconds, so a few keys each)."""
+    out: dict = {}
+    for r in records:
+        counts = out.setdefault(r["mode"], {}).setdefault(r["shape"], {}).setdefault(
+            r["policy"], Counter())
+        counts.update(json.loads(r["retry_after_given"]))
+    for by_shape in out.values():
+        for by_policy in by_shape.values():
+            for policy, counts in by_policy.items():
+                by_policy[policy] = dict(sorted(counts.items(), key=lambda kv: _seconds(kv[0])))
+    return out
+
+
+def _seconds(key: str) -> float:
+    return float("inf") if key == "none" else float(key)
+
+
+def broken(records: list[dict[str, Any]]) -> list[str]:
+    """Runs that measured nothing (no arrival in the window, or nothing completed): a
+    harness that no longer drives the Router, not a policy's result."""
+    return [f"{r['mode']} {r['shape']} {r['policy']} run {r['run']}" for r in records
+            if not r["arrivals"] or not r["goodput_per_s"]]
 
 
 def as_json(by_mode: dict[str, dict]) -> dict[str, dict[str, dict[str, float | None]]]:
@@ -255,6 +280,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--status-code", type=int, default=429)
     p.add_argument("--mode", choices=(*MODES, "both"), default="both")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--smoke", action="store_true",
+                   help="a tiny run of the same path (what the test suite runs): --shapes "
+                   "const2x --runs 1 --warmup-s 10 --duration-s 10 unless given")
     return p
 
 
@@ -292,6 +320,9 @@ def _print_mode(mode: str, by_shape: dict, rows: list[PolicyRow], base: SimConfi
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
     shapes = _names(args.shapes, SHAPES, "--shapes", parser)
     rows = policy_rows(_names(args.policies, POLICIES, "--policies", parser), args.static_s)
     base = _sim_config(args)
@@ -304,12 +335,23 @@ def main(argv: list[str] | None = None) -> int:
     by_mode = medians(records)
     for mode in modes:
         _print_mode(mode, by_mode[mode], rows, base)
-    print(f"\nrecords: {write_parquet(records)}")
+    summary = {"config": {**vars(args), "capacity_per_s": base.capacity_per_s,
+                          "give_up_after_s": base.give_up_after_s},
+               "medians": as_json(by_mode),
+               "goals": {mode: goal_lines(by_mode[mode], rows) for mode in modes},
+               "retry_after_given": retry_after_given(records),
+               "wall_s": round(wall_s, 2), "simulated_runs": len(records)}
+    path = record("retry_after_eval", summary, records, smoke=args.smoke)
+    print(f"\nresults: {path}")
     print(f"wall time: {wall_s:.1f} s for {len(records)} simulated runs "
           f"(slowest {max(r['wall_s'] for r in records):.2f} s), {args.jobs} process(es)")
     print(f"machine: {json.dumps(describe())}")
+    failed = broken(records)
+    if failed:
+        print(f"BROKEN: {len(failed)} run(s) measured nothing: {'; '.join(failed[:5])}",
+              file=sys.stderr)
     print(json.dumps(as_json(by_mode)))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
