@@ -1,32 +1,41 @@
 """Does the router keep a saturated replica busy? The issue's case, on real HTTP:
 1 replica, max_ongoing_requests=2, a 0.5 s handler, 20 requests/s offered (open loop)
 for --duration-s; utilisation = completed x 0.5 s / (2 slots x window). Ray Serve 2.60's
-proxy was measured at about 62% (its backoff grows to 0.5 s); run side by side here.
+proxy was measured at about 62% (its backoff grows to 0.5 s); run side by side here, one
+proxy each (``overload.yaml`` sets ``proxies_per_node: 1``; fleetplane's default is 2).
 
-    python -m release_tests.overload_idle [--duration-s 20] [--rate 20]
+    python -m release_tests.overload_idle [--duration-s 20] [--rate 20] [--systems ...]
+                                          [--smoke]
+
+Prints a line per system, records the table and the completions per second (the plot of
+how busy the replica was kept) with ``release_tests.results.record``, ends with a JSON
+line; exits 1 when a system completed nothing. ``--smoke``: both systems for 3 s each.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+import tempfile
 import time
 
 import aiohttp
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from release_tests.http_bench import RESULTS, _start, _stop, _wait_ready
+from release_tests.http_bench import _start, _stop, _wait_ready
 from release_tests.machine import describe, describe_line
+from release_tests.results import record
 
 HANDLER_S, SLOTS = 0.5, 2
-SYSTEMS = {
+# Ports of their own: http_bench and retry_after_http serve on 8000 and 8001.
+SYSTEMS = {  # name: (command, environment, URL)
     "fleetplane": ([sys.executable, "-m", "fleetplane.cli", "run", "release_tests/overload.yaml"],
-                   "http://127.0.0.1:8000/noop"),
-    "ray-serve-2.60": ([sys.executable, "-m", "release_tests.serve_baseline", "--port", "8001",
-                        "--app", "serve_half_second_app"], "http://127.0.0.1:8001/noop"),
+                   {}, "http://127.0.0.1:8020/noop"),
+    "ray-serve-2.60": ([sys.executable, "-m", "release_tests.serve_baseline", "--port", "8021",
+                        "--app", "serve_half_second_app"], {}, "http://127.0.0.1:8021/noop"),
 }
+SMOKE = {"duration_s": 3.0}
 
 
 async def offer(url: str, rate: float, duration_s: float) -> list[float]:
@@ -52,33 +61,63 @@ async def offer(url: str, rate: float, duration_s: float) -> list[float]:
     return [t for t in done if t <= duration_s]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def measure(system: str, args: argparse.Namespace) -> tuple[dict, list[int]]:
+    """One system: its row of the table and its completions in each second of the window."""
+    cmd, env, url = SYSTEMS[system]
+    # its own instance record: another `fleetplane run` on this machine is not disturbed
+    proc = _start(cmd, {**env, "FLEETPLANE_STATE_DIR": tempfile.mkdtemp(prefix="overload_")})
+    try:
+        _wait_ready(url, timeout_s=180)
+        time.sleep(HANDLER_S * 2)  # let the readiness request drain
+        completed = asyncio.run(offer(url, args.rate, args.duration_s))
+    finally:
+        _stop(proc)
+    # The first completion can come only after one handler time.
+    window = args.duration_s - HANDLER_S
+    utilisation = len(completed) * HANDLER_S / (SLOTS * window)
+    per_s = [0] * max(1, int(args.duration_s + 0.999))
+    for t in completed:
+        per_s[min(len(per_s) - 1, int(t))] += 1
+    return ({"system": system, "offered_per_s": args.rate, "duration_s": args.duration_s,
+             "completed": len(completed), "utilisation": round(utilisation, 4)}, per_s)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help=f"comma-separated, from: {', '.join(SYSTEMS)}")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the same, --duration-s 3 unless given (what the suite runs)")
+    return parser
+
+
+def main() -> int:
+    parser = _parser()
     args = parser.parse_args()
-    records = []
-    for system, (cmd, url) in SYSTEMS.items():
-        proc = _start(cmd)
-        try:
-            _wait_ready(url, timeout_s=180)
-            time.sleep(HANDLER_S * 2)  # let the readiness request drain
-            completed = asyncio.run(offer(url, args.rate, args.duration_s))
-        finally:
-            _stop(proc)
-        # The first completion can come only after one handler time.
-        window = args.duration_s - HANDLER_S
-        utilisation = len(completed) * HANDLER_S / (SLOTS * window)
-        records.append({"system": system, "offered_per_s": args.rate,
-                        "duration_s": args.duration_s, "completed": len(completed),
-                        "utilisation": utilisation, **describe()})
-        print(f"{system:<15} completed {len(completed):4d}  utilisation {utilisation:6.1%}",
-              flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"overload_idle_{int(time.time())}.parquet"
-    pq.write_table(pa.Table.from_pylist(records), path)
-    print(f"machine: {describe_line()}\nrecords: {path}")
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    systems = args.systems.split(",")
+    if set(systems) - set(SYSTEMS):
+        parser.error(f"--systems: unknown {sorted(set(systems) - set(SYSTEMS))}")
+    table, per_s = [], {}
+    for system in systems:
+        row, per_s[system] = measure(system, args)
+        table.append(row)
+        print(f"{system:<15} completed {row['completed']:4d}  utilisation "
+              f"{row['utilisation']:6.1%}", flush=True)
+    machine = describe()
+    path = record("overload_idle", {"table": table, "completed_per_s": per_s,
+                                    "handler_s": HANDLER_S, "slots": SLOTS, "proxies": 1},
+                  [{**row, **machine} for row in table], smoke=args.smoke)
+    print(f"machine: {describe_line()}\nresults: {path}")
+    print(json.dumps({"overload_idle": {r["system"]: {"completed": r["completed"],
+                                                      "utilisation": r["utilisation"]}
+                                        for r in table}}))
+    return 1 if any(r["completed"] == 0 for r in table) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
