@@ -1,16 +1,21 @@
 """Kill control actors and replicas under steady HTTP load; count what it cost.
 
-``python -m release_tests.chaos [--duration-s 300] [--rate 100] [--seed 1] [--haproxy]``
-starts ``fleetplane run release_tests/chaos.yaml`` (``chaos_haproxy.yaml`` with
-``--haproxy``: the per-node HAProxy manager is the "proxy" killed), its own embedded Ray,
-and sends a steady open-loop load of GET requests to it, and every few seconds SIGKILLs
-one actor at random: the controller, a shard, the proxy, a replica, or a node's metric
-reporter. Per kind of kill
+``python -m release_tests.chaos [--duration-s 300] [--rate 100] [--seed 1] [--haproxy]
+[--kinds controller,shard,...] [--smoke]`` starts ``fleetplane run release_tests/chaos.yaml``
+(``chaos_haproxy.yaml`` with ``--haproxy``: the per-node HAProxy manager is the "proxy"
+killed), its own embedded Ray (and its own instance record, so another ``fleetplane run``
+on the machine is neither joined nor disturbed), sends a steady open-loop load of GET
+requests to it, and every few seconds SIGKILLs one actor at random of ``--kinds``: the
+controller, a shard, the proxy, a replica, or a node's metric reporter. Per kind of kill
 it reports the requests that failed in the window after the kill, the replicas restarted
 beyond the killed one (compared by actor id), and the time until ``status`` answered
 again with every replica RUNNING. Goal (issue 9): 0 failed requests for control actors; for a
-replica, only the requests it held. Prints a table, writes Parquet under
-``release_tests/results/``, and ends with one JSON line.
+replica, only the requests it held.
+
+Prints a table, records it with every kill and the load's timeline (requests and failures
+per bin, kills marked: the plot) with ``release_tests.results.record``, ends with one JSON
+line; exits 1 when a kill did not recover or the load got no answer. ``--smoke``: one
+replica kill after 2 s of load.
 """
 
 from __future__ import annotations
@@ -22,17 +27,22 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
-from collections import Counter
 import urllib.request
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from release_tests.plot_data import timeline
+from release_tests.results import record
 
 CONFIG = Path(__file__).with_name("chaos.yaml")
 URL = "http://127.0.0.1:8011/chaos"
 KINDS = ("controller", "shard", "proxy", "replica", "reporter")
+SMOKE = {"duration_s": 1.0, "every_s": 2.0, "kinds": "replica"}
 
 
 @dataclass
@@ -48,11 +58,12 @@ class Kill:
 
 
 class Load:
-    """Open-loop GETs at ``rate`` per second from a few threads; records (t, ok)."""
+    """Open-loop GETs at ``rate`` per second from a few threads; records (t, ok, why,
+    latency_s) per answer."""
 
     def __init__(self, rate: float, threads: int = 8) -> None:
         self.rate, self.threads = rate, threads
-        self.results: list[tuple[float, bool, str]] = []
+        self.results: list[tuple[float, bool, str, float]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -69,14 +80,16 @@ class Load:
         while not self._stop.is_set():
             time.sleep(max(0.0, next_at - time.monotonic()))
             next_at += period
+            sent_at = time.monotonic()
             ok, why = _get()
+            now = time.monotonic()
             with self._lock:
-                self.results.append((time.monotonic(), ok, why))
+                self.results.append((now, ok, why, now - sent_at))
 
     def between(self, start: float, end: float) -> tuple[int, int, str]:
         """(sent, failed, what the failures were) for requests answered in the window."""
         with self._lock:
-            window = [(ok, why) for t, ok, why in self.results if start <= t < end]
+            window = [(ok, why) for t, ok, why, _ in self.results if start <= t < end]
         failures = Counter(why for ok, why in window if not ok)
         return (len(window), sum(failures.values()),
                 ", ".join(f"{why} x{n}" for why, n in failures.most_common()))
@@ -114,37 +127,59 @@ def _victim(kind: str, actors: dict[str, dict], rng: random.Random) -> str | Non
 
 
 def _all_running(timeout_s: float) -> bool:
-    """``fleetplane status --json`` answers with every replica RUNNING and every control
-    actor alive."""
+    """``status`` (what ``fleetplane status --json`` prints, asked in this process: a new
+    CLI process per poll costs seconds of start-up on a small machine, which the recovery
+    time would include) answers with every replica RUNNING and every control actor
+    alive."""
+    from controlplane.instance import Client
+
+    client = Client()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        out = subprocess.run([sys.executable, "-m", "fleetplane.cli", "status", "--json"],
-                             capture_output=True, text=True)
-        if out.returncode == 0:
-            status = json.loads(out.stdout)
+        try:
+            status = client.status()
+        except Exception:  # the controller restarting, or not found yet: not recovered
+            status = None
+        if status is not None:
             reps = [r for a in status["applications"].values()
                     for d in a["deployments"].values() for r in d["replicas"]]
             actors = status["controller"].get("actors", {}).values()
             if reps and all(r["state"] == "RUNNING" for r in reps) and all(
                     a["alive"] for a in actors):
                 return True
-        time.sleep(0.5)
+        time.sleep(0.25)
     return False
 
 
-def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path) -> list[Kill]:
-    import ray
-
-    rng = random.Random(seed)
+def _start_instance(config: Path) -> subprocess.Popen:
+    """``fleetplane run CONFIG`` with an instance record of its own, joined once all its
+    replicas run; the address comes from that record, never Ray's "auto" (the Ray started
+    last on this machine, which may be another one)."""
+    os.environ["FLEETPLANE_STATE_DIR"] = tempfile.mkdtemp(prefix="chaos_")  # run inherits it
     runner = subprocess.Popen([sys.executable, "-m", "fleetplane.cli", "run", str(config)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in runner.stdout:
         print("  run:", line.rstrip())
         if "Ctrl-C to stop" in line:
             break
+    else:
+        raise SystemExit(f"fleetplane run {config} exited ({runner.wait()}) before serving")
     threading.Thread(target=lambda: [print("  run:", x.rstrip()) for x in runner.stdout],
                      daemon=True).start()
-    ray.init(address="auto", namespace="fleetplane", log_to_driver=False)
+    from controlplane.instance_record import resolve_target
+
+    target = resolve_target(None)  # before Ray is imported: it may set RAY_AUTH_MODE
+    import ray
+
+    ray.init(address=target, namespace="fleetplane", log_to_driver=False)
+    return runner
+
+
+def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path,
+        kinds: tuple[str, ...]) -> tuple[list[Kill], Load, float]:
+    """The kills, the load (its answers) and when it started (monotonic)."""
+    rng = random.Random(seed)
+    runner = _start_instance(config)
     load = Load(rate)
     load.start()
     kills: list[Kill] = []
@@ -152,7 +187,7 @@ def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path)
     try:
         while time.monotonic() - started < duration_s:
             time.sleep(every_s)
-            kills.append(_kill_one(rng, started))
+            kills.append(_kill_one(rng, started, kinds))
             kill = kills[-1]
             t0 = started + kill.at_s
             kill.recovered_s = time.monotonic() - t0 if _all_running(60) else None
@@ -165,20 +200,23 @@ def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path)
         load.stop()
         runner.send_signal(signal.SIGINT)
         runner.wait(60)
-    return kills
+    return kills, load, started
 
 
 _BEFORE: dict[str, str] = {}
 
 
-def _kill_one(rng: random.Random, started: float) -> Kill:
+def _kill_one(rng: random.Random, started: float, kinds: tuple[str, ...]) -> Kill:
     actors = _actors()
     _BEFORE.clear()
     _BEFORE.update(_replicas(actors))
-    kind = rng.choice(KINDS)
+    kind = rng.choice(kinds)
     name = _victim(kind, actors, rng)
-    while name is None:  # e.g. no node reporter yet: kill something that exists
-        kind = rng.choice(KINDS)
+    if name is None:  # e.g. no node reporter yet: kill something that exists
+        present = [k for k in kinds if _victim(k, actors, random.Random(0))]
+        if not present:  # the actors' names changed: the harness no longer finds them
+            raise RuntimeError(f"no actor of kind {', '.join(kinds)} among {sorted(actors)}")
+        kind = rng.choice(present)
         name = _victim(kind, actors, rng)
     os.kill(actors[name]["pid"], signal.SIGKILL)
     return Kill(kind, name, time.monotonic() - started)
@@ -192,6 +230,7 @@ def _restarted(kill: Kill) -> int:
 
 
 def report(kills: list[Kill]) -> dict:
+    """Prints the table; returns it, by kind."""
     from release_tests.machine import describe_line
 
     print(f"\nchaos: {len(kills)} kills on {describe_line()}")
@@ -211,33 +250,68 @@ def report(kills: list[Kill]) -> dict:
         s = summary[kind]
         print(f"{kind:10s} {s['kills']:5d} {s['failed']:7d} {s['sent']:6d} "
               f"{s['replicas_restarted']:19d} {f'{median:.2f}' if median is not None else '-':>20}")
-    _write_parquet(kills)
     return summary
 
 
-def _write_parquet(kills: list[Kill]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def broken(kills: list[Kill], load: Load) -> list[str]:
+    """What says the measured path broke: no kill, a kill not recovered from, no answer."""
+    why = [] if kills else ["no kill happened"]
+    why += [f"{k.kind} {k.name}: not recovered within 60 s" for k in kills
+            if k.recovered_s is None]
+    if not any(ok for _, ok, _, _ in load.results):
+        why.append("the load got no successful answer")
+    return why
 
-    out = Path(__file__).with_name("results")
-    out.mkdir(exist_ok=True)
-    path = out / f"chaos_{int(time.time())}.parquet"
-    pq.write_table(pa.Table.from_pylist([asdict(k) for k in kills]), path)
-    print(f"records: {path}")
+
+def _kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k for k in text.split(",") if k)
+    if not kinds or set(kinds) - set(KINDS):
+        raise SystemExit(f"--kinds: unknown {sorted(set(kinds) - set(KINDS))}; "
+                         f"choose from {', '.join(KINDS)}")
+    return kinds
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration-s", type=float, default=300.0)
     p.add_argument("--rate", type=float, default=100.0, help="requests per second")
     p.add_argument("--every-s", type=float, default=8.0, help="seconds between kills")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--haproxy", action="store_true", help="http_options.ingress: haproxy")
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help=f"what may be killed, comma-separated (default: {','.join(KINDS)})")
+    p.add_argument("--smoke", action="store_true",
+                   help="one replica kill after 2 s of load (--duration-s 1 --every-s 2 "
+                   "--kinds replica unless given): what the test suite runs")
+    return p
+
+
+def main() -> int:
+    p = _parser()
     args = p.parse_args()
+    if args.smoke:
+        p.set_defaults(**SMOKE)
+        args = p.parse_args()
+    kinds = _kinds(args.kinds)
     config = CONFIG.with_name("chaos_haproxy.yaml") if args.haproxy else CONFIG
-    kills = run(args.duration_s, args.rate, args.seed, args.every_s, config)
-    print(json.dumps({"chaos": report(kills)}))
+    kills, load, started = run(args.duration_s, args.rate, args.seed, args.every_s, config,
+                               kinds)
+    by_kind = report(kills)
+    end = max([r[0] for r in load.results], default=started)
+    summary = {"by_kind": by_kind, "config": config.name, "rate": args.rate,
+               "every_s": args.every_s, "seed": args.seed, "kinds": list(kinds),
+               "kills": [asdict(k) for k in kills],
+               # the plot: requests answered and failed per bin from the load's start,
+               # with the kills' at_s above
+               "timeline": timeline(load.results, started, end, points=300)}
+    path = record("chaos", summary, [asdict(k) for k in kills], smoke=args.smoke)
+    print(f"results: {path}")
+    failed = broken(kills, load)
+    for why in failed:
+        print(f"BROKEN: {why}", file=sys.stderr)
+    print(json.dumps({"chaos": by_kind}))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
