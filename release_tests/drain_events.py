@@ -1,6 +1,6 @@
 """Client errors per scale-down, rollout, replacement and reload in haproxy mode.
 
-``python -m release_tests.drain_events [--events 100] [--rate 50] [--no-phase-1]``
+``python -m release_tests.drain_events [--events 100] [--rate 50] [--no-phase-1] [--smoke]``
 starts an embedded Ray and a fleetplane instance in ``http_options.ingress: haproxy``
 (a real HAProxy) with a 4-replica deployment, keeps a steady load of short requests on it
 (POSTs, as LLM completions are) over keep-alive connections, and runs the events in
@@ -17,7 +17,10 @@ Every failed request is charged to the event running when it was answered. After
 it times idle scale-downs (4 -> 2, no load): from the deploy to the two replicas gone.
 ``--no-phase-1`` turns phase 1 of a replica's stop off (``ReplicaSettings.
 deregister_before_stop``) to show what it prevents. Prints a table per event kind,
-writes every event as Parquet under ``release_tests/results/``, ends with a JSON line.
+records it with every event, the idle scale-down times and a timeline per kind (requests,
+failures and latency per 0.25 s bin over its first event and its worst: the plot) with
+``release_tests.results.record``, ends with a JSON line; exits 1 when an event got no
+answer at all. ``--smoke``: one scale event and one idle scale-down.
 """
 
 from __future__ import annotations
@@ -26,20 +29,25 @@ import argparse
 import http.client
 import json
 import statistics
+import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from pathlib import Path
+
+from release_tests.plot_data import timeline
+from release_tests.results import record
 
 KINDS = ("scale", "rollout", "replace", "reload")
 APP, DEPLOYMENT = "drain", "DrainModel"
+SMOKE = {"events": 1, "kinds": "scale", "idle_scale_downs": 1}
 
 
 @dataclass
 class Event:
     kind: str
     index: int
+    at_s: float = 0.0  # its start, from the load's
     duration_s: float = 0.0
     sent: int = 0
     failed: int = 0
@@ -49,7 +57,8 @@ class Event:
 
 class Load:
     """``threads`` keep-alive connections, each sending POSTs at ``rate / threads``/s (as
-    LLM completions are: HAProxy does not replay a POST a replica received)."""
+    LLM completions are: HAProxy does not replay a POST a replica received). Records
+    (t, ok, why, latency_s) per answer."""
 
     def __init__(self, port: int, rate: float, threads: int = 8, host: str = "127.0.0.1",
                  path: str = f"/{APP}") -> None:
@@ -57,9 +66,11 @@ class Load:
         self._host, self._path = host, path
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.results: list[tuple[float, bool, str]] = []
+        self.results: list[tuple[float, bool, str, float]] = []
+        self.started = 0.0
 
     def start(self) -> None:
+        self.started = time.monotonic()
         for i in range(self._threads):
             threading.Thread(target=self._run, args=(i,), daemon=True).start()
 
@@ -72,6 +83,7 @@ class Load:
         while not self._stop.is_set():
             time.sleep(max(0.0, next_at - time.monotonic()))
             next_at += self._period
+            sent_at = time.monotonic()
             try:
                 conn.request("POST", self._path, body=b'{"prompt": "x"}',
                              headers={"Content-Type": "application/json"})
@@ -82,12 +94,13 @@ class Load:
                 ok, why = False, type(e).__name__
                 conn.close()
                 conn = http.client.HTTPConnection(self._host, self._port, timeout=30)
+            now = time.monotonic()
             with self._lock:
-                self.results.append((time.monotonic(), ok, why))
+                self.results.append((now, ok, why, now - sent_at))
 
     def between(self, start: float, end: float) -> tuple[int, int, str]:
         with self._lock:
-            window = [(ok, why) for t, ok, why in self.results if start <= t < end]
+            window = [(ok, why) for t, ok, why, _ in self.results if start <= t < end]
         failures = Counter(why for ok, why in window if not ok)
         return (len(window), sum(failures.values()),
                 ", ".join(f"{why} x{n}" for why, n in failures.most_common()))
@@ -211,8 +224,8 @@ def run_events(fleet: Fleet, load: Load, count: int, kinds: tuple[str, ...]) -> 
     events = []
     for index in range(count):
         kind = kinds[index % len(kinds)]
-        event = Event(kind, index)
         start = time.monotonic()
+        event = Event(kind, index, at_s=round(start - load.started, 3))
         if kind == "scale":
             _scale(fleet, 2)
         elif kind == "rollout":
@@ -251,6 +264,7 @@ def idle_scale_downs(fleet: Fleet, times: int) -> list[float]:
 
 # ---- report -----------------------------------------------------------------------------
 def report(events: list[Event], idle_s: list[float], phase1: bool, window_s: float) -> dict:
+    """Prints the table; returns it (the last line's JSON)."""
     from release_tests.machine import describe_line
 
     print(f"\ndrain_events: {len(events)} events, phase 1 {'on' if phase1 else 'OFF'}, "
@@ -277,19 +291,34 @@ def report(events: list[Event], idle_s: list[float], phase1: bool, window_s: flo
         print(f"idle scale-down 4 -> 2 (deploy returned -> both gone), median of "
               f"{len(idle_s)}: {statistics.median(idle_s):.2f} s "
               f"(deregistration_window_s {window_s}; goal <= {window_s + 1:.1f} s)")
-    _write_parquet(events, phase1)
     return summary
 
 
-def _write_parquet(events: list[Event], phase1: bool) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def timelines(events: list[Event], load: Load) -> list[dict]:
+    """Per kind, the timeline of its first event and of its worst (most failed requests)
+    when that is another: what a drain looks like to the clients, a few hundred points in
+    all."""
+    chosen = []
+    for kind in KINDS:
+        mine = [e for e in events if e.kind == kind]
+        if not mine:
+            continue
+        worst = max(mine, key=lambda e: e.failed)
+        for label, e in [("first", mine[0])] + ([("worst", worst)]
+                                                 if worst is not mine[0] and worst.failed
+                                                 else []):
+            start = load.started + e.at_s
+            chosen.append({"kind": kind, "index": e.index, "which": label,
+                           "failed": e.failed, "sent": e.sent,
+                           "timeline": timeline(load.results, start, start + e.duration_s,
+                                                points=80)})
+    return chosen
 
-    out = Path(__file__).with_name("results")
-    out.mkdir(exist_ok=True)
-    path = out / f"drain_events_{'phase1' if phase1 else 'nophase1'}_{int(time.time())}.parquet"
-    pq.write_table(pa.Table.from_pylist([asdict(e) for e in events]), path)
-    print(f"records: {path}")
+
+def broken(events: list[Event]) -> list[str]:
+    """An event with no answer at all: the load (or the listener) is not there, so the
+    event measured nothing."""
+    return [f"{e.kind} event {e.index}: no request answered" for e in events if not e.sent]
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -300,8 +329,8 @@ def _kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--events", type=int, default=100)
     p.add_argument("--rate", type=float, default=50.0, help="requests per second")
     p.add_argument("--port", type=int, default=8012)
@@ -311,7 +340,19 @@ def main() -> None:
                    help=f"events to cycle through (default: {','.join(KINDS)})")
     p.add_argument("--no-phase-1", action="store_true",
                    help="turn phase 1 of a replica's stop off, to show what it prevents")
+    p.add_argument("--smoke", action="store_true",
+                   help="--events 1 --kinds scale --idle-scale-downs 1 unless given: what "
+                   "the test suite runs")
+    return p
+
+
+def main() -> int:
+    p = _parser()
     args = p.parse_args()
+    if args.smoke:
+        p.set_defaults(**SMOKE)
+        args = p.parse_args()
+    kinds = _kinds(args.kinds)
 
     from controlplane.instance import Client, start_local_ray
     from controlplane.settings import ReplicaSettings, Settings
@@ -327,14 +368,26 @@ def main() -> None:
         load = Load(args.port, args.rate)
         load.start()
         time.sleep(2.0)
-        events = run_events(fleet, load, args.events, _kinds(args.kinds))
+        events = run_events(fleet, load, args.events, kinds)
         load.stop()
         time.sleep(1.0)
         idle = idle_scale_downs(fleet, args.idle_scale_downs)
     finally:
         client.shutdown(timeout_s=60)
-    print(json.dumps({"drain_events": report(events, idle, phase1, args.window_s)}))
+    table = report(events, idle, phase1, args.window_s)
+    summary = {"table": table, "rate": args.rate, "window_s": args.window_s,
+               "events": [asdict(e) for e in events], "idle_scale_down_s": idle,
+               "timelines": timelines(events, load)}
+    name = "drain_events" if phase1 else "drain_events_nophase1"
+    path = record(name, summary, [{**asdict(e), "phase1": phase1} for e in events],
+                  smoke=args.smoke)
+    print(f"results: {path}")
+    failed = broken(events)
+    for why in failed:
+        print(f"BROKEN: {why}", file=sys.stderr)
+    print(json.dumps({"drain_events": table}))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
