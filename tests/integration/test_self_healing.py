@@ -34,32 +34,38 @@ def heal_app(n: int = N) -> dict:
 
 
 class Load:
-    """GETs at ~20/s from one thread; (sent, answered, outcome) per request: the status
-    code, or the exception's name when no answer came (connection refused...)."""
+    """``method`` requests from ``threads`` threads, each pausing ``pause_s`` between two, each thread on its own keep-alive session;
+    (sent, answered, outcome) per request: the status code, or the exception's name when
+    no answer came (connection refused...). A POST is what an ingress must not lose:
+    HAProxy replays a GET a replica dropped, never a POST it sent."""
 
-    def __init__(self, url: str) -> None:
-        self.url, self.results = url, []
+    def __init__(self, url: str, method: str = "GET", threads: int = 1,
+                 pause_s: float = 0.05) -> None:
+        self.url, self.method, self.pause_s, self.results = url, method, pause_s, []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [threading.Thread(target=self._run, daemon=True)
+                         for _ in range(threads)]
 
     def __enter__(self) -> "Load":
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(30)
+        for thread in self._threads:
+            thread.join(30)
 
     def _run(self) -> None:
         session = requests.Session()
         while not self._stop.is_set():
             sent = time.monotonic()
             try:
-                outcome = session.get(self.url, timeout=10).status_code
+                outcome = session.request(self.method, self.url, timeout=10).status_code
             except requests.RequestException as e:
                 outcome = type(e).__name__
-            self.results.append((sent, time.monotonic(), outcome))
-            time.sleep(0.05)
+            self.results.append((sent, time.monotonic(), outcome))  # list.append: atomic
+            time.sleep(self.pause_s)
 
     def outcomes(self) -> list:
         return [outcome for _, _, outcome in self.results]

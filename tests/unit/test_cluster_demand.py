@@ -52,7 +52,8 @@ def test_the_outlook_of_a_scale_up_comes_from_observed_start_times():
     board.record("a", RouterDemand(8, 4.0, 20.0), now=106.0)
     total = board.total(106.0, replicas)
     assert (total.scaleup_eta_s, total.capacity_growth) == (8.0, 2.0)  # oldest started at 104
-    assert board.total(200.0 - REPORT_TTL_S, replicas) is None or True
+    assert board.total(106.0 + REPORT_TTL_S, replicas) is not None  # silent for the TTL
+    assert board.total(106.0 + REPORT_TTL_S + 0.1, replicas) is None  # past it: gone
     board.record("a", RouterDemand(8, 4.0, 20.0), now=130.0)
     assert board.total(130.0, replicas).scaleup_eta_s == 0.0  # overdue: any moment now
 
