@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from release_tests import report_plots
+from release_tests.report_sections import RENDERERS
+from release_tests.report_tables import Where, render_generic
 from release_tests.results import HERE, ROOT, folders, record
 
 # (name, title, what it measures). Results without an entry here follow, by name.
@@ -49,11 +47,12 @@ SECTIONS = [
     ("serve_compat_diff", "The same Serve applications under Serve and fleetplane", ""),
     ("scale_compare", "Two commits side by side", ""),
 ]
-MAX_ROWS = 40  # a table longer than this is cut (the results file has the rest)
 
 
 def load(measured: Path) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(measured.glob("*.json"))}
+    """Every results file but this command's own (its smoke run records itself)."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(measured.glob("*.json"))
+            if p.stem != "report"}
 
 
 def provenance(result: dict) -> str:
@@ -64,17 +63,6 @@ def provenance(result: dict) -> str:
             f" cores, {m.get('memory_gib', '?')} GiB, Python {m.get('python', '?')}.")
 
 
-@dataclass(frozen=True)
-class Where:
-    """Where a section's plots go, and how the report links them."""
-
-    plots: Path
-    out_dir: Path
-
-    def image(self, png: Path | None, alt: str) -> list[str]:
-        return [f"![{alt}]({os.path.relpath(png, self.out_dir)})", ""] if png else []
-
-
 def section(name: str, title: str, about: str, result: dict, where: Where) -> str:
     lines = [f"## {title}", "", provenance(result), ""]
     if about:
@@ -82,93 +70,6 @@ def section(name: str, title: str, about: str, result: dict, where: Where) -> st
     render = RENDERERS.get(name, render_generic)
     lines += render(result["summary"], where, name)
     return "\n".join(lines).rstrip() + "\n"
-
-
-# ---- tables ------------------------------------------------------------------------------
-def cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)[:60]
-    return "-" if value is None else str(value)
-
-
-def table(rows: list[dict], keys: list[str] | None = None) -> list[str]:
-    keys = keys or list(dict.fromkeys(k for r in rows for k in r
-                                      if not isinstance(r[k], (list, dict))))
-    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    out += ["| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows[:MAX_ROWS]]
-    if len(rows) > MAX_ROWS:
-        out.append(f"\n({len(rows) - MAX_ROWS} more rows in the results file)")
-    return out + [""]
-
-
-def render_generic(summary: dict, where: Where, name: str) -> list[str]:
-    """Each list of records as a table, each mapping of scalars as one, nested mappings as
-    a table with a row per key."""
-    lines: list[str] = []
-    for key, value in summary.items():
-        rows = _rows(value)
-        if rows:
-            lines += [f"**{key}**", ""] + table(rows)
-    return lines
-
-
-def _rows(value: Any) -> list[dict]:
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return value
-    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-        if all(isinstance(vv, dict) for v in value.values() for vv in v.values()):
-            return [{"": f"{k} {kk}", **vv} for k, v in value.items() for kk, vv in v.items()]
-        return [{"": k, **v} for k, v in value.items()]
-    if isinstance(value, dict) and value and not any(isinstance(v, dict) for v in value.values()):
-        return [value]
-    return []
-
-
-# ---- sections with their own shape --------------------------------------------------------
-SCALE_ROWS = [("period_cpu_ms", "all work per 0.1 s period, CPU p50 (ms)"),
-              ("period_cpu_direct_ms", "... with direct reports (ms)"),
-              ("tick_p50_ms", "the tick alone, p50 (ms)"),
-              ("rollout_period_cpu_ms", "rolling replacement: work per period (ms)"),
-              ("rollout_tick_ms", "rolling replacement: the loop held, p50 (ms)"),
-              ("scaleup_s", "0 -> N (s, controller time)"),
-              ("cpu_us_per_start", "CPU per start, a full collection counted (us)"),
-              ("scaleup_cpu_us_per_replica", "CPU per start, without it (us)"),
-              ("push_batched_us", "CPU per report, node batches (us)"),
-              ("push_us", "CPU per report, direct (us)")]
-
-
-def render_scale(summary: dict, where: Where, name: str) -> list[str]:
-    figures = summary["figures"]
-    sizes = sorted({int(n) for by_n in figures.values() for n in by_n})
-    rows = []
-    for key, label in SCALE_ROWS:
-        for system in figures:
-            values = [figures[system].get(str(n), {}).get(key) for n in sizes]
-            if any(v is not None for v in values):
-                rows.append({"figure": label, "system": system,
-                             **{f"N={n}": v for n, v in zip(sizes, values)}})
-    config = summary.get("config", {})
-    lines = [f"fleetplane's replicas report every {config.get('report_interval_s', '?')} s "
-             f"(the product's default), through node batches; Serve checks each replica's "
-             f"health every {config.get('health_check_period_s', 10)} s inside `update()`.", ""]
-    lines += table(rows)
-    png = report_plots.scale(figures, where.plots / f"{name}.png")
-    return lines + where.image(png, "the work per period against N, both systems")
-
-
-def render_health_push(summary: dict, where: Where, name: str) -> list[str]:
-    config = summary.get("config", {})
-    lines = [f"{config.get('replicas', '?')} simulated replicas reporting every "
-             f"{config.get('report_interval_s', '?')} s, health period "
-             f"{config.get('period_s', '?')} s.", ""]
-    return lines + table([{"mode": mode, **figs} for mode, figs in summary["figures"].items()])
-
-
-RENDERERS: dict[str, Callable[[dict, Where, str], list[str]]] = {
-    "scale": render_scale, "health_push": render_health_push,
-}
 
 
 # ---- the file -------------------------------------------------------------------------------

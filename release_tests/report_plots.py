@@ -104,3 +104,43 @@ def timeline(series: dict[str, list[tuple[float, float]]], path: Path, xlabel: s
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def cdf(series: dict[str, list[list[float]]], path: Path, xlabel: str,
+        title: str) -> Path | None:
+    """Latency CDFs: ``{system: [[percentile, ms], ...]}``, one line per system (log x)."""
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for system, points in series.items():
+        ms = [max(m, 1e-3) for _, m in points]
+        ax.plot(ms, [p for p, _ in points], marker=".", label=system,
+                color=COLORS.get(system.split("-")[0]) if system in COLORS else None)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("percentile")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: Path,
+           xlabel: str) -> Path | None:
+    """Panels stacked over one time axis: ``{panel title: {line: [(t, value), ...]}}``."""
+    panels = {title: {k: v for k, v in lines.items() if v} for title, lines in panels.items()}
+    panels = {title: lines for title, lines in panels.items() if lines}
+    if not panels:
+        return None
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7.5, 2.3 * len(panels)), sharex=True,
+                             squeeze=False)
+    for ax, (title, lines) in zip(axes[:, 0], panels.items()):
+        for name, points in lines.items():
+            ax.plot(*zip(*points), label=name, linewidth=1.1)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel(xlabel)
+    return _save(fig, path)
