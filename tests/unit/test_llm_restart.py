@@ -6,25 +6,18 @@ without an output token, and JIT compiles that stall the engine for 30-70 s. The
 watchdog restarted this server eight times; the check plus the policy must restart it zero
 times, without a test request to a full server. A stuck engine must be restarted after
 exactly two intervals, once, whatever its restart then makes clients see.
+
+The day itself (``Day``, its constants) lives in ``release_tests/llm_day.py``, whose command
+prints the figures MEASURED.md publishes; the test asserts those exact figures.
 """
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from controlplane.clock import FakeClock
-from replicas.llm_health import BackendChecker, CheckSettings
+from release_tests.llm_day import INTERVAL_S, SEED, SLOTS, Day, figures, seed_day
 from replicas.llm_restart import Decision, RestartPolicy
-from replicas.llm_verdict import Action, Verdict
-from tests.llm_sim.engine import SimEngine
-from tests.llm_sim.fake_http import SimFetcher
-
-INTERVAL_S = 40.0
-STEP_HZ = 8              # seed 001: about 8 tokens a second for one request
-SLOTS = 2                # bursts of 2-4 requests fill every slot
-LONG_PREFILL_STEPS = 960  # two minutes reading a long prompt: steps, no output token
+from replicas.llm_verdict import Verdict
 
 
 # ---- the policy alone ------------------------------------------------------------------------
@@ -48,86 +41,26 @@ def test_restarts_once_on_stuck_or_dead_then_waits_for_the_new_process(verdict):
     assert fresh.decide(Verdict.STUCK, now=8.0)[1] is Decision.RESTART
 
 
-# ---- the day -------------------------------------------------------------------------------
-class Day:
-    """One engine, its check and the policy under a fake clock; the test plays the owner."""
-
-    def __init__(self, seed: int = 1) -> None:
-        self.clock = FakeClock(start_s=0.0)
-        self.rng = random.Random(seed)
-        self.engine = SimEngine("gb10-model", SLOTS, wall=self.clock.monotonic)
-        self.fetcher = SimFetcher(self.engine)
-        self.checker = BackendChecker("http://gb10:8000", self.fetcher, self.clock,
-                                      CheckSettings(interval_s=INTERVAL_S))
-        self.policy = RestartPolicy()
-        self.stalled = (0.0, 0.0)  # [from, until): the engine takes no step
-        self.next_burst_at = float("inf")
-        self.reads = []          # (snapshot, slots were full) per check
-        self.verdicts = []
-
-    def advance(self, seconds: float) -> None:
-        """Step the engine at STEP_HZ; idle stretches are skipped in one jump."""
-        end = self.clock.monotonic() + seconds
-        while self.clock.monotonic() < end:
-            now = self.clock.monotonic()
-            if now >= self.next_burst_at:
-                self._burst()
-            if not self.engine.busy:
-                self.clock.advance(max(0.0, min(end, self.next_burst_at) - now))
-                continue
-            self.clock.advance(min(1 / STEP_HZ, end - now))
-            if not self.stalled[0] <= self.clock.monotonic() < self.stalled[1]:
-                self.engine.step()
-
-    def _burst(self) -> None:
-        prefill = self.rng.choice([0, 40, LONG_PREFILL_STEPS])
-        for _ in range(self.rng.randint(2, 4)):
-            self.engine.submit(self.rng.randint(800, 2400), prefill, internal=True)
-        if self.rng.random() < 0.5:  # a JIT compile stalls the engine for 30-70 s
-            start = self.clock.monotonic() + self.rng.uniform(5, 120)
-            self.stalled = (start, start + self.rng.uniform(30, 70))
-        self.next_burst_at = self.clock.monotonic() + self.rng.uniform(5 * 60, 30 * 60)
-
-    def check(self) -> Decision:
-        full = self.engine.full
-        step = self.checker.check_once()
-        self.reads.append((step.snapshot, full))
-        j = step.judgement
-        verdict = j.verdict if j.action is Action.REPORT else None
-        self.verdicts.append(verdict)
-        self.policy, decision = self.policy.decide(verdict, self.clock.monotonic(), j.reason)
-        return decision
-
-    def run(self, seconds: float) -> list[Decision]:
-        decisions = []
-        for _ in range(int(seconds / INTERVAL_S)):
-            decisions.append(self.check())
-            self.advance(INTERVAL_S)
-        return decisions
-
-
-def token_based_stucks(reads) -> int:
-    """Where the first version of the check (output tokens as progress) would say stuck."""
-    count = 0
-    for (a, _), (b, _), (c, _) in zip(reads, reads[1:], reads[2:]):
-        if all(s is not None and s.requests_present for s in (a, b, c)) and (
-                a.generation_tokens == b.generation_tokens == c.generation_tokens):
-            count += 1
-    return count
+# ---- the day (release_tests/llm_day.py replays it and publishes these figures) -----------------
+# What ``python -m release_tests.llm_day`` prints for seed 22 at the production interval, and
+# MEASURED.md publishes: a change that moves one of them must update both.
+PUBLISHED_DAY = {"interval_s": 40.0, "checks": 2160, "full_slot_checks": 754, "busy": 875,
+                 "idle": 1203, "read_again": 82, "stuck": 0, "dead": 0, "no_metrics": 0,
+                 "test_requests_while_busy": 0, "test_requests_while_full": 0, "restarts": 0,
+                 "token_based_stucks": 37, "stuck_engine_restart_after_s": 80.0}
 
 
 def test_a_healthy_server_under_the_seed_day_is_never_restarted():
-    day = Day(seed=22)
-    day.next_burst_at = 60.0
-    decisions = day.run(24 * 3600)
-    assert Decision.RESTART not in decisions and day.policy.restarts == 0
+    day = seed_day(SEED, hours=24, interval_s=INTERVAL_S)  # the command's own day
+    assert Decision.RESTART.value not in {r["decision"] for r in day.log}
+    assert day.restarts == 0 and day.policy.restarts == 0
     assert day.fetcher.completions_while_full == 0    # no test request took a slot...
     assert day.fetcher.completions_while_busy == 0    # ...or waited behind one
-    # The day was the hard one: slots full at many checks (a real request would have queued),
+    # The day was the hard one: slots full at 754 checks (a real request would have queued),
     # engine stalls, and long prompts a token-counting check would have called stuck.
-    assert sum(full for _, full in day.reads) > 100
-    assert token_based_stucks(day.reads) > 0
-    assert day.verdicts.count(Verdict.BUSY) > 100 and Verdict.IDLE in day.verdicts
+    published = figures(day, hours=24)
+    assert {k: published[k] for k in PUBLISHED_DAY} == PUBLISHED_DAY
+    assert published["stalls"] > 0 and sum(published["per_hour"]["checks"]) == 2160
 
 
 def test_a_stuck_engine_is_restarted_after_exactly_two_intervals():
