@@ -19,33 +19,66 @@ from the same files changes nothing.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from release_tests import report_headlines
 from release_tests.report_sections import RENDERERS
 from release_tests.report_tables import Where, render_generic
 from release_tests.results import HERE, ROOT, folders, record
 
 # (name, title, what it measures). Results without an entry here follow, by name.
 SECTIONS = [
+    ("startup", "Start-up: the README's first command",
+     "From the command to every replica RUNNING, on a fresh embedded Ray each run."),
+    ("http_bench", "HTTP throughput beside Ray Serve",
+     "The same no-op deployment behind each system's ingress, one listener each, driven "
+     "by wrk on loopback; each system started fresh for each run."),
     ("scale", "The control plane at scale, beside Ray Serve",
      "fleetplane's shard and Ray Serve 2.60's controller state at the same N replicas, in "
-     "process, at the products' defaults."),
+     "process, fake replicas, at the products' defaults: the steady column is all the work "
+     "of one 0.1 s period (tick, plus the ingest of the reports that arrive in it) beside "
+     "Serve's `update()` (its health sweep included)."),
     ("health_push", "Replica health through Ray: node batches and direct reports",
-     "A real shard actor and simulated replicas: shard CPU per health update and freshness."),
-    ("http_bench", "HTTP throughput beside Ray Serve", ""),
-    ("soak", "Mixed traffic for minutes (locust)", ""),
-    ("http_abuse", "HTTP abuse and the proxy's memory", ""),
-    ("retry_after_http", "Retry-After on real HTTP, beside Ray Serve", ""),
-    ("retry_after_eval", "Is the Retry-After good advice? (virtual time)", ""),
-    ("overload_idle", "A saturated replica stays busy", ""),
-    ("drain_events", "Drains behind HAProxy", ""),
-    ("node_churn", "Node drains", ""),
-    ("chaos", "Kills under load: what survives what", ""),
-    ("serve_compat_diff", "The same Serve applications under Serve and fleetplane", ""),
-    ("scale_compare", "Two commits side by side", ""),
+     "A real shard actor and simulated replicas (2,048 per process, each process a node): "
+     "shard CPU per health update and how many freshness deadlines were missed."),
+    ("drain_events", "Drains behind HAProxy",
+     "A 4-replica deployment in `ingress: haproxy` under keep-alive POST load (HAProxy "
+     "never replays a POST it sent), with scale-downs, rollouts, replacements and HAProxy "
+     "reloads in turn: the requests each event failed."),
+    ("drain_events_nophase1", "Drains behind HAProxy, phase 1 off (what it prevents)",
+     "The same with `ReplicaSettings.deregister_before_stop` off."),
+    ("node_churn", "Node drains",
+     "A local multi-node Ray under POST load; each event SIGTERMs a worker's `ray start "
+     "--block` (a drain, as a spot interruption) and starts it again."),
+    ("chaos", "Kills under load: what survives what",
+     "Steady load on `fleetplane run`, one SIGKILL of a random control actor or replica at "
+     "a time: failed requests, replicas restarted and time to recover per kind."),
+    ("soak", "Mixed traffic for minutes (locust)",
+     "locust, headless: steady users, bursts from a load shape, and long streams read to "
+     "their end, against one `fleetplane run`."),
+    ("overload_idle", "A saturated replica stays busy",
+     "One replica, 2 slots, a 0.5 s handler, 20 requests/s offered: completions per "
+     "second, both systems with one proxy."),
+    ("retry_after_http", "Retry-After on real HTTP, beside Ray Serve",
+     "One 0.5 s replica per policy behind one proxy with a queue of 4 on both systems; "
+     "seeded Poisson arrivals; a rejected client retries once, after the Retry-After it got."),
+    ("retry_after_eval", "Is the Retry-After good advice? (virtual time)",
+     "The real router in virtual time on open-loop load shapes, each policy on the same "
+     "arrivals."),
+    ("http_abuse", "HTTP abuse and the proxy's memory",
+     "One proxy under abuse (huge bodies, huge heads, slowloris, idle and malformed "
+     "connections) beside a normal client."),
+    ("llm_day", "An LLM server's day: the health check against seed 001",
+     "A simulated vLLM engine through the day seed 001 tells (bursts, long prefills, JIT "
+     "stalls), the health check and restart policy under a fake clock."),
+    ("serve_compat_diff", "The same Serve applications under Serve and fleetplane",
+     "Each request sent to both, on one local Ray; differences by design are named."),
+    ("scale_compare", "Two commits side by side",
+     "The control plane's costs at two commits, alternating runs in one go."),
 ]
 
 
@@ -73,9 +106,8 @@ def section(name: str, title: str, about: str, result: dict, where: Where) -> st
 
 
 # ---- the file -------------------------------------------------------------------------------
-def write(measured: Path, out: Path) -> list[str]:
-    """Write ``out`` from ``measured``; the names of the sections written."""
-    results = load(measured)
+def write(results: dict[str, dict], measured: Path, out: Path) -> list[tuple[str, str]]:
+    """Write ``out`` from ``results`` (read from ``measured``); (name, title) per section."""
     where = Where(measured / "plots", out.parent)
     known = [(n, t, a) for n, t, a in SECTIONS if n in results]
     known += [(n, n.replace("_", " "), "") for n in results if n not in dict.fromkeys(
@@ -85,10 +117,36 @@ def write(measured: Path, out: Path) -> list[str]:
              " do not edit by hand. Each section names the command that produced it and the "
              "commit, date and machine it ran on; rerun that command, then this one, to "
              "refresh it.", ""]
-    parts += [f"- [{t}](#{_anchor(t)})" for _, t, _ in known] + [""]
+    parts += [f"- [{t}](#{_anchor(t)})" for _, t, _ in known]
+    parts += ["- [The commands](#the-commands)", ""]
     parts += [section(n, t, a, results[n], where) for n, t, a in known]
+    parts += commands()
     out.write_text("\n".join(parts))
-    return [n for n, _, _ in known]
+    return [(n, t) for n, t, _ in known]
+
+
+def commands() -> list[str]:
+    """Every release test with the first line of its docstring (what it measures)."""
+    lines = ["## The commands", "",
+             "Each ends by recording its results (`release_tests/measured/NAME.json`, raw rows as "
+             "Parquet under `release_tests/results/`); `--smoke` runs it small (the test suite "
+             "runs every one so), `--help` gives its options.", "",
+             "| command | measures |", "|---|---|"]
+    for path in sorted(HERE.glob("*.py")):
+        text = path.read_text()
+        if '__name__ == "__main__"' in text and path.stem not in ("serve_baseline",):
+            lines.append(f"| `python -m release_tests.{path.stem}` | {_gist(text)} |")
+    return lines + [""]
+
+
+def _gist(source: str, limit: int = 220) -> str:
+    """A module docstring's first paragraph as one line, cut after a sentence near ``limit``."""
+    doc = (ast.get_docstring(ast.parse(source)) or "").strip()
+    text = " ".join(doc.split("\n\n")[0].split()).replace("``", "`")
+    if len(text) > limit:
+        cut = text.rfind(". ", 0, limit)
+        text = text[:cut + 1] if cut > 0 else text[:limit] + "..."
+    return text.replace("|", "\\|")
 
 
 def _anchor(title: str) -> str:
@@ -107,17 +165,29 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--measured", type=Path, default=HERE / "measured")
     p.add_argument("--out", type=Path, default=ROOT / "MEASURED.md")
+    p.add_argument("--readme", type=Path, default=ROOT / "README.md",
+                   help="whose headline figures (between their markers) are rewritten")
     p.add_argument("--smoke", action="store_true",
                    help="from the smoke runs' results, written beside them (the suite's)")
     args = p.parse_args(argv)
     if args.smoke:
         args.measured = folders(smoke=True)[0]
         args.out = args.measured / "MEASURED.md"
+        args.readme = args.measured / "README.md"
+        args.readme.parent.mkdir(parents=True, exist_ok=True)
+        args.readme.write_text(f"{report_headlines.BEGIN}\n{report_headlines.END}\n")
         if not any(args.measured.glob("*.json")):  # on its own: one result to render
             subprocess.run([sys.executable, "-m", "release_tests.scale", "--smoke"], cwd=ROOT,
                            check=True, stdout=subprocess.DEVNULL)
-    names = write(args.measured, args.out)
-    print(f"{args.out}: {len(names)} sections ({', '.join(names)})")
+    results = load(args.measured)
+    written = write(results, args.measured, args.out)
+    names = [n for n, _ in written]
+    print(f"{_rel_or(args.out)}: {len(names)} sections ({', '.join(names)})")
+    anchors = {n: _anchor(t) for n, t in written}
+    if not report_headlines.rewrite(args.readme, results, anchors):
+        print(f"{_rel_or(args.readme)}: no headline markers; not rewritten", file=sys.stderr)
+        return 1
+    print(f"{_rel_or(args.readme)}: headline figures rewritten")
     if args.smoke:
         record("report", {"sections": names, "out": str(args.out)}, smoke=True)
     return 0 if names else 1

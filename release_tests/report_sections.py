@@ -185,10 +185,27 @@ def render_retry_after_http(summary: dict, where: Where, name: str) -> list[str]
 
 # ---- the LLM day --------------------------------------------------------------------------
 def render_llm_day(summary: dict, where: Where, name: str) -> list[str]:
-    runs = summary.get("intervals") or summary.get("runs") or {}
-    rows = [{"interval": k, **{kk: vv for kk, vv in v.items()
-                               if not isinstance(vv, (dict, list))}} for k, v in runs.items()]
-    return table(rows) if rows else []
+    params = summary.get("parameters", {})
+    lines = [f"Seed {params.get('seed')}, {params.get('hours')} h, {params.get('step_hz')} "
+             f"engine steps/s, {params.get('slots')} slots; the first interval is the "
+             f"production default ({params.get('production_interval_s')} s), the others are "
+             f"counterfactuals.", ""]
+    runs = summary.get("intervals", {})
+    lines += table([{"interval": k, **{kk: vv for kk, vv in v.items()
+                                       if not isinstance(vv, (dict, list))}}
+                    for k, v in runs.items()])
+    if summary.get("seeded_days"):
+        lines += ["Other seeded days:", ""] + table(summary["seeded_days"])
+    per_hour = {k: v.get("per_hour", []) for k, v in runs.items()}
+    png = report_plots.panels(
+        {"checks with every slot taken, per hour": {
+            k: [(h["hour"], h["full_slot_checks"]) for h in hours] for k, hours in per_hour.items()},
+         "token-based stucks, per hour (each a restart by the old rule)": {
+            k: [(h["hour"], h["token_based_stucks"]) for h in hours] for k, hours in per_hour.items()},
+         "seconds stalled by JIT compiles, per hour": {
+            "engine": [(h["hour"], h["stalled_s"]) for h in next(iter(per_hour.values()), [])]}},
+        where.plots / f"{name}.png", "hour of the day")
+    return lines + where.image(png, "the day hour by hour")
 
 
 def _points(t: list, values: list) -> list[tuple[Any, Any]]:
