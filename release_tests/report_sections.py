@@ -26,7 +26,13 @@ SCALE_ROWS = [("period_cpu_ms", "all work per 0.1 s period, CPU p50 (ms)"),
               ("cpu_us_per_start", "CPU per start, a full collection counted (us)"),
               ("scaleup_cpu_us_per_replica", "CPU per start, without it (us)"),
               ("push_batched_us", "CPU per report, node batches (us)"),
-              ("push_us", "CPU per report, direct (us)")]
+              ("push_us", "CPU per report, direct (us)"),
+              ("pushes_per_tick", "reports per 0.1 s period"),
+              ("replace_s", "replace all (s, controller time)"),
+              ("scaledown_s", "N -> N/32 (s, controller time)"),
+              ("shard_rss_mb", "memory of the state (RSS MB)"),
+              ("status_ms", "status(), the full listing (ms)"),
+              ("status_summary_ms", "status(summary=True) (ms)")]
 
 
 def render_scale(summary: dict, where: Where, name: str) -> list[str]:

@@ -62,7 +62,8 @@ KEYS = ("period_cpu_ms", "tick_p50_ms", "rollout_period_cpu_ms", "scaleup_s",
         "cpu_us_per_start", "report_interval_s", "tick_p99_ms", "tick_cpu_p50_ms",
         "period_cpu_p99_ms", "rollout_tick_ms", "rollout_tick_cpu_ms",
         "scaleup_cpu_us_per_replica", "period_cpu_direct_ms", "push_batched_us", "push_us",
-        "shard_cpu_us_per_update", "miss_rate")
+        "shard_cpu_us_per_update", "miss_rate", "pushes_per_tick", "replace_s", "scaledown_s",
+        "shard_rss_mb", "status_ms", "status_summary_ms")
 
 
 def log(message: str) -> None:
