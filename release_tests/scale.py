@@ -19,8 +19,9 @@ fleetplane replica reports every ``--report-interval-s`` (default: the product's
   a replica whose node has no reporter) beside it.
 - ``tick_p50_ms``: the tick (``update()``) alone, wall, reports flowing.
 - ``rollout_period_cpu_ms``: the same per-period work during a rolling replacement of all
-  N (fleetplane: 10% surge; its loop is also held at most one slice at a time, shown as
-  ``rollout_tick_ms``).
+  N, each at its product's default batch (fleetplane's ``rolling_surge_fraction`` and
+  Serve's ``rolling_update_percentage``, both 20%); fleetplane's loop is also held at most
+  one slice at a time, shown as ``rollout_tick_ms``.
 - ``scaleup_s`` and ``cpu_us_per_start``: 0 -> N RUNNING, the controller's time with its
   calls back to back (replicas start at once, so this is the control plane's own bound)
   and its CPU per start with a full collection after it counted for both (fleetplane's
@@ -51,10 +52,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.settings import ReplicaSettings
+from controlplane.settings import ReplicaSettings, ShardSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 _PRODUCT_REPORT_S = ReplicaSettings().metrics_report_interval_s
+_PRODUCT_SURGE = ShardSettings().rolling_surge_fraction
 FULL_SIZES = "1000,4000,16000,32000"
 QUICK_SIZES = "1000,4000"
 # The last line's keys, per system and N (a system without one shows null).
@@ -312,8 +314,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="steady ticks / updates measured (default 300; --quick 100)")
     p.add_argument("--start-delay-s", type=float, default=0.0,
                    help="fake time from a replica's start to ready (default: at once)")
-    p.add_argument("--surge-fraction", type=float, default=0.1,
-                   help="fleetplane's rolling_surge_fraction during the replacement")
+    p.add_argument("--surge-fraction", type=float, default=_PRODUCT_SURGE,
+                   help="fleetplane's rolling_surge_fraction during the replacement (default: "
+                        f"the product's, {_PRODUCT_SURGE:g}, as Serve's rolling_update_percentage)")
     p.add_argument("--max-ticks", type=int, default=20_000,
                    help="a phase not converged after this many ticks is reported as such")
     p.add_argument("--phase-budget-s", type=float, default=120.0,
