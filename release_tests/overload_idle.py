@@ -28,7 +28,7 @@ from release_tests.machine import describe, describe_line
 from release_tests.results import record
 
 HANDLER_S, SLOTS = 0.5, 2
-# Ports of their own: http_bench and retry_after_http serve on 8000 and 8001.
+# Ports of their own: http_bench serves on 8000-8003, retry_after_http on 8040-8041.
 SYSTEMS = {  # name: (command, environment, URL)
     "fleetplane": ([sys.executable, "-m", "fleetplane.cli", "run", "release_tests/overload.yaml"],
                    {}, "http://127.0.0.1:8020/noop"),

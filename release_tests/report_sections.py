@@ -181,10 +181,10 @@ def render_retry_after_http(summary: dict, where: Where, name: str) -> list[str]
     lines = [", ".join(f"{k} {v}" for k, v in params.items()) + ".", ""] if params else []
     lines += table([{"policy": p, **{k: v for k, v in r.items() if not isinstance(v, (dict, list))}}
                     for p, r in policies.items()])
-    outcome_keys = ("first_rejected", "retries_admitted", "finally_rejected")
+    outcome_keys = ("first_try_rejected_pct", "retries_admitted_pct", "finally_rejected_pct")
     png = report_plots.bars({p: {k: r.get(k) for k in outcome_keys if r.get(k) is not None}
                              for p, r in policies.items()},
-                            where.plots / f"{name}.png", "share of requests",
+                            where.plots / f"{name}.png", "% of requests",
                             "what became of the requests, per policy")
     return lines + where.image(png, "Retry-After outcomes per policy")
 
