@@ -146,6 +146,46 @@ def _event_timelines(chosen: list[dict], where: Where, name: str):
     return report_plots.panels(series, where.plots / f"{name}.png", "seconds into the event")
 
 
+def render_node_churn(summary: dict, where: Where, name: str) -> list[str]:
+    t = summary["table"]
+    lines = [f"{t.get('events')} drains and rejoins of worker nodes ({', '.join(summary.get('workers', []))}), "
+             f"{t.get('ingress')} ingress, {t.get('rate')} POSTs/s, drain timeout "
+             f"{t.get('drain_timeout_s')} s. Failed: **{t.get('failed')} of {t.get('sent')}**; "
+             f"replicas moved off a draining node in a median {fmt(t.get('moved_s_median'))} s, "
+             f"the node back and ready in {fmt(t.get('rejoined_s_median'))} s.", ""]
+    lines += table(summary.get("events", []), ["index", "node", "replicas_on_node", "sent",
+                                               "failed", "moved_s", "rejoined_s", "recovered"])
+    chosen = [{"kind": "drain", "index": e["index"], "which": e["node"], **e}
+              for e in summary.get("timelines", [])[:4]]
+    png = _event_timelines(chosen, where, name)
+    return lines + where.image(png, "requests and latency through node drains")
+
+
+def render_http_abuse(summary: dict, where: Where, name: str) -> list[str]:
+    lines = [f"The normal client's success under abuse: **{summary.get('normal_success_under_abuse')}**;"
+             f" unexpected answers: {summary.get('unexpected') or 'none'}.", ""]
+    lines += table(summary.get("table", []), ["phase", "seconds", "normal_requests",
+                                               "normal_success", "p50_ms", "p99_ms",
+                                               "peak_own_mb", "settled_own_mb"])
+    lines += ["What each abuse got (status: count):", ""]
+    lines += table([{"abuse": k, "expected": summary.get("expected", {}).get(k),
+                     "got": ", ".join(f"{status} x{n}" for status, n in v.items())}
+                    for k, v in summary.get("abuse", {}).items()])
+    phases = summary.get("phases", [])
+    png = report_plots.panels(
+        {"the proxy's own memory (MB)": {p["phase"]: list(zip(p["memory_mb"]["t_s"],
+                                                              p["memory_mb"]["own"]))
+                                         for p in phases if p.get("memory_mb")}},
+        where.plots / f"{name}_memory.png", "seconds into the phase")
+    cdf = report_plots.cdf(
+        {p["phase"]: [[100 * i / max(1, len(p["latency_cdf_ms"]) - 1), ms]
+                      for i, ms in enumerate(p["latency_cdf_ms"])]
+         for p in phases if p.get("latency_cdf_ms")},
+        where.plots / f"{name}.png", "the normal client's latency (ms, log)",
+        "the normal client's latency per phase")
+    return lines + where.image(cdf, "latency per phase") + where.image(png, "memory per phase")
+
+
 def render_chaos(summary: dict, where: Where, name: str) -> list[str]:
     lines = [f"{summary.get('rate')} requests/s, a kill every {summary.get('every_s')} s "
              f"(seed {summary.get('seed')}), kinds {', '.join(summary.get('kinds', []))}; "
@@ -202,14 +242,18 @@ def render_llm_day(summary: dict, where: Where, name: str) -> list[str]:
                     for k, v in runs.items()])
     if summary.get("seeded_days"):
         lines += ["Other seeded days:", ""] + table(summary["seeded_days"])
-    per_hour = {k: v.get("per_hour", []) for k, v in runs.items()}
+    per_hour = {k: v.get("per_hour") or {} for k, v in runs.items()}  # columns by name
+
+    def by_hour(column: str) -> dict[str, list]:
+        return {k: list(zip(h.get("hour", []), h.get(column, []))) for k, h in per_hour.items()}
+
+    first = next(iter(per_hour.values()), {})
     png = report_plots.panels(
-        {"checks with every slot taken, per hour": {
-            k: [(h["hour"], h["full_slot_checks"]) for h in hours] for k, hours in per_hour.items()},
-         "token-based stucks, per hour (each a restart by the old rule)": {
-            k: [(h["hour"], h["token_based_stucks"]) for h in hours] for k, hours in per_hour.items()},
-         "seconds stalled by JIT compiles, per hour": {
-            "engine": [(h["hour"], h["stalled_s"]) for h in next(iter(per_hour.values()), [])]}},
+        {"checks with every slot taken, per hour": by_hour("full_slot_checks"),
+         "token-based stucks per hour (each a restart by the old rule)":
+             by_hour("token_based_stucks"),
+         "seconds stalled by JIT compiles, per hour":
+             {"engine": list(zip(first.get("hour", []), first.get("stalled_s", [])))}},
         where.plots / f"{name}.png", "hour of the day")
     return lines + where.image(png, "the day hour by hour")
 
@@ -226,6 +270,7 @@ RENDERERS: dict[str, Renderer] = {
     "scale": render_scale, "health_push": render_health_push,
     "http_bench": render_http_bench, "soak": render_soak,
     "drain_events": render_drain_events, "drain_events_nophase1": render_drain_events,
-    "chaos": render_chaos, "overload_idle": render_overload_idle, "retry_after_http": render_retry_after_http,
+    "chaos": render_chaos, "overload_idle": render_overload_idle,
+    "node_churn": render_node_churn, "http_abuse": render_http_abuse, "retry_after_http": render_retry_after_http,
     "llm_day": render_llm_day,
 }
