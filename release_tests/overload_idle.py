@@ -1,7 +1,7 @@
 """Does the router keep a saturated replica busy? The issue's case, on real HTTP:
 1 replica, max_ongoing_requests=2, a 0.5 s handler, 20 requests/s offered (open loop)
 for --duration-s; utilisation = completed x 0.5 s / (2 slots x window). Ray Serve 2.60's
-proxy was measured at about 62% (its backoff grows to 0.5 s); run side by side here, one
+proxy backs off up to 0.5 s between probes of a full replica; run side by side here, one
 proxy each (``overload.yaml`` sets ``proxies_per_node: 1``; fleetplane's default is 2).
 
     python -m release_tests.overload_idle [--duration-s 20] [--rate 20] [--systems ...]
@@ -9,7 +9,8 @@ proxy each (``overload.yaml`` sets ``proxies_per_node: 1``; fleetplane's default
 
 Prints a line per system, records the table and the completions per second (the plot of
 how busy the replica was kept) with ``release_tests.results.record``, ends with a JSON
-line; exits 1 when a system completed nothing. ``--smoke``: both systems for 3 s each.
+line; exits 1 when a system completed nothing. ``--smoke``: fleetplane for 3 s (the suite's;
+Serve's start is exercised by ``http_bench --smoke``, with the same ``serve_baseline``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ SYSTEMS = {  # name: (command, environment, URL)
     "ray-serve-2.60": ([sys.executable, "-m", "release_tests.serve_baseline", "--port", "8021",
                         "--app", "serve_half_second_app"], {}, "http://127.0.0.1:8021/noop"),
 }
-SMOKE = {"duration_s": 3.0}
+SMOKE = {"duration_s": 3.0, "systems": "fleetplane"}
 
 
 async def offer(url: str, rate: float, duration_s: float) -> list[float]:
@@ -89,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated, from: {', '.join(SYSTEMS)}")
     parser.add_argument("--smoke", action="store_true",
-                        help="the same, --duration-s 3 unless given (what the suite runs)")
+                        help="the same, fleetplane only, --duration-s 3 unless given (the suite's)")
     return parser
 
 

@@ -4,7 +4,12 @@ timed here: a smoke run proves the harness still works, so no release test rots 
 (two had: one raised a TypeError, one could not write its results in a fresh clone).
 
 Each runs as its users run it, ``python -m release_tests.NAME --smoke``, in its own
-process, with ``FLEETPLANE_RESULTS_DIR`` pointing at a temporary folder."""
+process, with ``FLEETPLANE_RESULTS_DIR`` and ``FLEETPLANE_STATE_DIR`` pointing at a folder
+of its own. Much of a smoke run is waiting (a Ray starting, a replica draining), so they
+run in ``LANES``: three lanes side by side (332 s one after another, 178 s so on this
+2-core machine; five lanes took longer), each lane's runs one after another. A lane holds
+what must not overlap: the runs that start Ray Serve (one Serve at a time), and runs that
+serve on the same port."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,6 +25,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = ROOT / "release_tests"
 NOT_RELEASE_TESTS = {"serve_baseline"}  # a server http_bench starts, not a measurement
+TIMEOUT_S = 240
+LANES = [
+    # Ray Serve, one at a time (8001-8003, 8101-8102), and fleetplane (8002, 8040, 8020, 8102)
+    ["http_bench", "serve_compat_diff", "retry_after_http", "overload_idle"],
+    # a 3-node cluster on 127.0.0.2-4; the kills (8011); the abuse (a free port); no Ray
+    ["node_churn", "chaos", "http_abuse", "scale", "scale_compare", "retry_after_eval",
+     "llm_day"],
+    # haproxy drains (8012), the soak (8031), the demo (8000), simulated replicas, the report
+    ["drain_events", "soak", "startup", "health_push", "report"],
+]
 
 
 def release_tests() -> list[str]:
@@ -31,13 +47,44 @@ def test_every_release_test_has_a_smoke_mode():
             if '"--smoke"' not in (RELEASE / f"{name}.py").read_text()] == []
 
 
+def test_every_release_test_is_in_one_lane():
+    laned = [name for lane in LANES for name in lane]
+    assert sorted(laned) == release_tests() and len(set(laned)) == len(laned)
+
+
+def smoke_run(name: str, folder: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FLEETPLANE_RESULTS_DIR": str(folder),
+           "FLEETPLANE_STATE_DIR": str(folder / "state")}
+    return subprocess.run([sys.executable, "-m", f"release_tests.{name}", "--smoke"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory) -> dict[str, Future]:
+    """Every lane started at once; each run's (process, folder) as a future, by name."""
+    runs = {name: Future() for lane in LANES for name in lane}
+
+    def lane(names: list[str]) -> None:
+        for name in names:
+            folder = tmp_path_factory.mktemp(name)
+            try:
+                runs[name].set_result((smoke_run(name, folder), folder))
+            except BaseException as e:  # a timeout: this run failed, the lane goes on
+                runs[name].set_exception(e)
+
+    with ThreadPoolExecutor(len(LANES)) as pool:
+        for names in LANES:
+            pool.submit(lane, names)
+        yield runs
+        for future in runs.values():  # nothing left running when the module ends
+            future.exception()
+
+
 @pytest.mark.parametrize("name", release_tests())
-def test_the_smoke_run_ends_with_its_results(name, tmp_path):
-    env = {**os.environ, "FLEETPLANE_RESULTS_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", f"release_tests.{name}", "--smoke"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=240)
+def test_the_smoke_run_ends_with_its_results(name, smoke_runs):
+    proc, folder = smoke_runs[name].result()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    own = tmp_path / "smoke" / "measured" / f"{name}.json"
+    own = folder / "smoke" / "measured" / f"{name}.json"
     assert own.exists(), f"{name} wrote no results file: {proc.stdout[-2000:]}"
     result = json.loads(own.read_text())
     assert result["command"].startswith(f"python -m release_tests.{name} --smoke")
