@@ -1,0 +1,140 @@
+"""The README's headline figures, written by ``release_tests.report`` from the same results
+files as MEASURED.md, between two markers in README.md: a figure in the README is one a
+command measured, with a link to its section (command, commit, date, machine).
+
+Each row is a function of the results (``{name: results file}``) that returns its cells,
+or None when a result it needs is missing (the row is left out, not guessed).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+from release_tests.report_tables import fmt
+
+BEGIN = "<!-- headline figures: written by `python -m release_tests.report`; do not edit -->"
+END = "<!-- end of headline figures -->"
+Row = Callable[[dict[str, dict]], "tuple[str, str, str] | None"]
+
+
+def _summary(results: dict[str, dict], name: str) -> dict | None:
+    result = results.get(name)
+    return result["summary"] if result else None
+
+
+def http(results: dict[str, dict]) -> tuple[str, str, str] | None:
+    s = _summary(results, "http_bench")
+    if not s:
+        return None
+    rps = {k: v["requests_per_s"] for k, v in s["systems"].items()}
+    need = ("fleetplane", "ray-serve-2.60", "fleetplane-haproxy", "ray-serve-2.60-haproxy")
+    if not all(k in rps for k in need):
+        return None
+    return ("no-op HTTP, requests/s, one listener each: proxy / HAProxy (Serve's HAProxy with "
+            "its throughput mode, as its guide pairs them)",
+            f"{rps['fleetplane']:,.0f} / {rps['fleetplane-haproxy']:,.0f}",
+            f"{rps['ray-serve-2.60']:,.0f} / {rps['ray-serve-2.60-haproxy']:,.0f}")
+
+
+def _scale(results: dict[str, dict], key: str, label: str, unit: str):
+    s = _summary(results, "scale")
+    if not s:
+        return None
+    figures = s["figures"]
+    sizes = sorted({int(n) for by_n in figures.values() for n in by_n})
+    if not sizes or "serve" not in figures or "fleetplane" not in figures:
+        return None
+    n = str(sizes[-1])
+    a, b = (figures[system].get(n, {}).get(key) for system in ("fleetplane", "serve"))
+    if a is None or b is None:
+        return None
+    interval = figures["fleetplane"][n].get("report_interval_s")
+    return (f"{label}, {int(n):,} replicas (reports every {fmt(interval)} s, the default)",
+            f"{fmt(a)} {unit}", f"{fmt(b)} {unit}")
+
+
+def steady(results: dict[str, dict]):
+    return _scale(results, "period_cpu_ms", "controller CPU per 0.1 s period, steady "
+                  "(tick + the period's reports)", "ms")
+
+
+def rollout(results: dict[str, dict]):
+    return _scale(results, "rollout_period_cpu_ms", "controller CPU per period during a "
+                  "rolling replacement", "ms")
+
+
+def per_start(results: dict[str, dict]):
+    return _scale(results, "cpu_us_per_start", "controller CPU per replica started (full "
+                  "collection counted)", "µs")
+
+
+def health(results: dict[str, dict]):
+    s = _summary(results, "health_push")
+    batched = (s or {}).get("figures", {}).get("batched")
+    if not batched:
+        return None
+    return (f"replica health through Ray, {batched['replicas']:,} replicas in node batches: "
+            f"freshness misses, shard CPU per update",
+            f"{100 * batched['miss_rate']:.2f}%, {batched['controller_cpu_us_per_update']:.1f} µs",
+            "")
+
+
+def drains(results: dict[str, dict]):
+    s = _summary(results, "drain_events")
+    if not s:
+        return None
+    table = s["table"]
+    sent = sum(v.get("sent", 0) for v in table.values() if isinstance(v, dict))
+    return (f"failed requests over {len(s['events'])} scale, rollout, replacement and reload "
+            f"events behind HAProxy (POSTs)", f"{table['failed_total']} of {sent:,}", "")
+
+
+def chaos(results: dict[str, dict]):
+    s = _summary(results, "chaos")
+    if not s:
+        return None
+    by_kind = s["by_kind"]
+    kills = sum(v["kills"] for v in by_kind.values())
+    failed = sum(v["failed"] for v in by_kind.values())
+    sent = sum(v["sent"] for v in by_kind.values())
+    return (f"failed requests over {kills} SIGKILLs of {', '.join(by_kind)} under load",
+            f"{failed} of {sent:,}", "")
+
+
+def startup(results: dict[str, dict]):
+    s = _summary(results, "startup")
+    if not s or "running_s" not in s["medians"]:
+        return None
+    return (f"`fleetplane run {s['config']}` to all {s.get('replicas')} replicas RUNNING "
+            f"(median of {s['runs']})", f"{s['medians']['running_s']:.1f} s", "")
+
+
+ROWS: list[tuple[str, Row]] = [  # (the MEASURED.md section it links to, the row)
+    ("http_bench", http), ("scale", steady), ("scale", rollout), ("scale", per_start),
+    ("health_push", health), ("drain_events", drains), ("chaos", chaos),
+    ("startup", startup),
+]
+
+
+def block(results: dict[str, dict], anchors: dict[str, str]) -> str:
+    """The Markdown between the markers."""
+    lines = [BEGIN, "", "| | fleetplane | Ray Serve 2.60 | measured by |", "|---|---|---|---|"]
+    for name, row in ROWS:
+        cells = row(results)
+        if cells:
+            r = results[name]
+            lines.append(f"| {cells[0]} | {cells[1]} | {cells[2] or '-'} | "
+                         f"[{name}](MEASURED.md#{anchors.get(name, name)}) at {r.get('commit')} |")
+    return "\n".join(lines + ["", END])
+
+
+def rewrite(readme: Path, results: dict[str, dict], anchors: dict[str, str]) -> bool:
+    """Replace the block between the markers in ``readme``; False when it has none."""
+    text = readme.read_text()
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        return False
+    readme.write_text(pattern.sub(lambda _: block(results, anchors), text, count=1))
+    return True
