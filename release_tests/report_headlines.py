@@ -38,7 +38,7 @@ def http(results: dict[str, dict]) -> tuple[str, str, str] | None:
             f"{rps['ray-serve-2.60']:,.0f} / {rps['ray-serve-2.60-haproxy']:,.0f}")
 
 
-def _scale(results: dict[str, dict], key: str, label: str, unit: str):
+def _scale(results: dict[str, dict], key: str, label: str, unit: str, steady: bool = False):
     s = _summary(results, "scale")
     if not s:
         return None
@@ -51,18 +51,29 @@ def _scale(results: dict[str, dict], key: str, label: str, unit: str):
     if a is None or b is None:
         return None
     interval = figures["fleetplane"][n].get("report_interval_s")
-    return (f"{label}, {int(n):,} replicas (reports every {fmt(interval)} s, the default)",
-            f"{fmt(a)} {unit}", f"{fmt(b)} {unit}")
+    reports = f" (reports every {fmt(interval)} s, the default)" if steady else ""
+    return f"{label}, {int(n):,} replicas{reports}", f"{fmt(a)} {unit}", f"{fmt(b)} {unit}"
 
 
 def steady(results: dict[str, dict]):
     return _scale(results, "period_cpu_ms", "controller CPU per 0.1 s period, steady "
-                  "(tick + the period's reports)", "ms")
+                  "(tick + the period's reports)", "ms", steady=True)
 
 
 def rollout(results: dict[str, dict]):
-    return _scale(results, "rollout_period_cpu_ms", "controller CPU per period during a "
-                  "rolling replacement", "ms")
+    s = _summary(results, "scale")
+    figures = (s or {}).get("figures", {})
+    if "fleetplane" not in figures or "serve" not in figures:
+        return None
+    n = str(max(int(k) for k in figures["fleetplane"]))
+    a, b = figures["fleetplane"].get(n, {}), figures["serve"].get(n, {})
+    if None in (a.get("replace_s"), b.get("replace_s"), a.get("rollout_tick_ms"),
+                b.get("rollout_tick_ms")):
+        return None
+    return (f"a rolling replacement of all {int(n):,} replicas (20% batches, replicas ready "
+            f"at once): controller time / the loop held, p50",
+            f"{fmt(a['replace_s'])} s / {fmt(a['rollout_tick_ms'])} ms",
+            f"{fmt(b['replace_s'])} s / {fmt(b['rollout_tick_ms'])} ms")
 
 
 def per_start(results: dict[str, dict]):

@@ -30,7 +30,7 @@ def _save(fig: Any, path: Path) -> Path:
 def scale(figures: dict[str, dict[str, dict]], path: Path) -> Path | None:
     """All work per 0.1 s period and the rolling replacement's, against N, per system."""
     panels = [("period_cpu_ms", "steady: all work per 0.1 s period (CPU ms)"),
-              ("rollout_period_cpu_ms", "rolling replacement: work per period (CPU ms)"),
+              ("replace_s", "rolling replacement of all N (s, controller time)"),
               ("cpu_us_per_start", "CPU per replica start (us, collection counted)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
     drawn = False
