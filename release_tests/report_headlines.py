@@ -16,7 +16,14 @@ from release_tests.report_tables import fmt
 
 BEGIN = "<!-- headline figures: written by `python -m release_tests.report`; do not edit -->"
 END = "<!-- end of headline figures -->"
-Row = Callable[[dict[str, dict]], "tuple[str, str, str] | None"]
+Row = Callable[[dict[str, dict]], "tuple[str, ...] | None"]  # what, ours, Serve's[, ratio]
+
+
+def _x(a: float, b: float) -> str:
+    """``a`` over ``b`` as "2.9x"."""
+    if not b:
+        return "-"
+    return f"{a / b:.1f}x" if a / b < 10 else f"{a / b:,.0f}x"
 
 
 def _summary(results: dict[str, dict], name: str) -> dict | None:
@@ -35,7 +42,9 @@ def http(results: dict[str, dict]) -> tuple[str, str, str] | None:
     return ("no-op HTTP, requests/s, one listener each: proxy / HAProxy (Serve's HAProxy with "
             "its throughput mode, as its guide pairs them)",
             f"{rps['fleetplane']:,.0f} / {rps['fleetplane-haproxy']:,.0f}",
-            f"{rps['ray-serve-2.60']:,.0f} / {rps['ray-serve-2.60-haproxy']:,.0f}")
+            f"{rps['ray-serve-2.60']:,.0f} / {rps['ray-serve-2.60-haproxy']:,.0f}",
+            f"{_x(rps['fleetplane'], rps['ray-serve-2.60'])} / "
+            f"{_x(rps['fleetplane-haproxy'], rps['ray-serve-2.60-haproxy'])}")
 
 
 def _scale(results: dict[str, dict], key: str, label: str, unit: str, steady: bool = False):
@@ -52,7 +61,8 @@ def _scale(results: dict[str, dict], key: str, label: str, unit: str, steady: bo
         return None
     interval = figures["fleetplane"][n].get("report_interval_s")
     reports = f" (reports every {fmt(interval)} s, the default)" if steady else ""
-    return f"{label}, {int(n):,} replicas{reports}", f"{fmt(a)} {unit}", f"{fmt(b)} {unit}"
+    return (f"{label}, {int(n):,} replicas{reports}", f"{fmt(a)} {unit}", f"{fmt(b)} {unit}",
+            f"{_x(b, a)} less")
 
 
 def steady(results: dict[str, dict]):
@@ -73,7 +83,9 @@ def rollout(results: dict[str, dict]):
     return (f"a rolling replacement of all {int(n):,} replicas (20% batches, replicas ready "
             f"at once): controller time / the loop held, p50",
             f"{fmt(a['replace_s'])} s / {fmt(a['rollout_tick_ms'])} ms",
-            f"{fmt(b['replace_s'])} s / {fmt(b['rollout_tick_ms'])} ms")
+            f"{fmt(b['replace_s'])} s / {fmt(b['rollout_tick_ms'])} ms",
+            f"{_x(b['replace_s'], a['replace_s'])} / "
+            f"{_x(b['rollout_tick_ms'], a['rollout_tick_ms'])} less")
 
 
 def per_start(results: dict[str, dict]):
@@ -131,13 +143,15 @@ ROWS: list[tuple[str, Row]] = [  # (the MEASURED.md section it links to, the row
 
 def block(results: dict[str, dict], anchors: dict[str, str]) -> str:
     """The Markdown between the markers."""
-    lines = [BEGIN, "", "| | fleetplane | Ray Serve 2.60 | measured by |", "|---|---|---|---|"]
+    lines = [BEGIN, "", "| | fleetplane | Ray Serve 2.60 | ratio | measured by |",
+             "|---|---|---|---|---|"]
     for name, row in ROWS:
         cells = row(results)
         if cells:
-            r = results[name]
-            lines.append(f"| {cells[0]} | {cells[1]} | {cells[2] or '-'} | "
-                         f"[{name}](MEASURED.md#{anchors.get(name, name)}) at {r.get('commit')} |")
+            what, ours, serve, ratio = (*cells, "")[:4]
+            link = f"[{name}](MEASURED.md#{anchors.get(name, name)})"
+            lines.append(f"| {what} | {ours} | {serve or '-'} | {ratio or '-'} | {link} at "
+                         f"{results[name].get('commit')} |")
     return "\n".join(lines + ["", END])
 
 
