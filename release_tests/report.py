@@ -56,7 +56,9 @@ SECTIONS = [
      "--block` (a drain, as a spot interruption) and starts it again."),
     ("chaos", "Kills under load: what survives what",
      "Steady load on `fleetplane run`, one SIGKILL of a random control actor or replica at "
-     "a time: failed requests, replicas restarted and time to recover per kind."),
+     "a time: failed requests, replicas restarted and time to recover per kind. A killed "
+     "proxy or replica fails the requests it held (their connections, their work); a "
+     "killed controller, shard or reporter should fail none."),
     ("soak", "Mixed traffic for minutes (locust)",
      "locust, headless: steady users, bursts from a load shape, and long streams read to "
      "their end, against one `fleetplane run`."),

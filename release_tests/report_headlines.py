@@ -119,11 +119,11 @@ def chaos(results: dict[str, dict]):
     if not s:
         return None
     by_kind = s["by_kind"]
-    kills = sum(v["kills"] for v in by_kind.values())
-    failed = sum(v["failed"] for v in by_kind.values())
     sent = sum(v["sent"] for v in by_kind.values())
-    return (f"failed requests over {kills} SIGKILLs of {', '.join(by_kind)} under load",
-            f"{failed} of {sent:,}", "")
+    return (f"failed requests over {sum(v['kills'] for v in by_kind.values())} SIGKILLs under "
+            f"load, by what was killed (a killed proxy or replica fails what it held)",
+            ", ".join(f"{kind} {v['failed']}" for kind, v in by_kind.items())
+            + f" (of {sent:,})", "")
 
 
 def startup(results: dict[str, dict]):
