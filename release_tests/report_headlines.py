@@ -126,6 +126,36 @@ def chaos(results: dict[str, dict]):
             + f" (of {sent:,})", "")
 
 
+def node_drains(results: dict[str, dict]):
+    s = _summary(results, "node_churn")
+    if not s:
+        return None
+    t = s["table"]
+    return (f"failed requests over {t['events']} node drains and rejoins ({t['ingress']} "
+            f"ingress, POSTs)", f"{t['failed']} of {t['sent']:,}", "")
+
+
+def soak(results: dict[str, dict]):
+    s = _summary(results, "soak")
+    if not s:
+        return None
+    types = s["types"]
+    sent = sum(t["requests"] for t in types.values())
+    return (f"a {s['load']['duration_s']:g} s locust soak (steady users, bursts, "
+            f"{s['load']['stream_chunks'] * s['load']['stream_every_s']:g} s streams): failed",
+            f"{s['failed']} of {sent:,}", "")
+
+
+def overload(results: dict[str, dict]):
+    s = _summary(results, "overload_idle")
+    rows = {r["system"]: r for r in (s or {}).get("table", [])}
+    if "fleetplane" not in rows or "ray-serve-2.60" not in rows:
+        return None
+    a, b = rows["fleetplane"]["utilisation"], rows["ray-serve-2.60"]["utilisation"]
+    return ("a saturated replica's slots kept busy (2 slots, 0.5 s handler, 20 requests/s "
+            "offered, one proxy each)", f"{a:.0%}", f"{b:.0%}", _x(a, b))
+
+
 def startup(results: dict[str, dict]):
     s = _summary(results, "startup")
     if not s or "running_s" not in s["medians"]:
@@ -136,8 +166,8 @@ def startup(results: dict[str, dict]):
 
 ROWS: list[tuple[str, Row]] = [  # (the MEASURED.md section it links to, the row)
     ("http_bench", http), ("scale", steady), ("scale", rollout), ("scale", per_start),
-    ("health_push", health), ("drain_events", drains), ("chaos", chaos),
-    ("startup", startup),
+    ("overload_idle", overload), ("health_push", health), ("drain_events", drains),
+    ("node_churn", node_drains), ("chaos", chaos), ("soak", soak), ("startup", startup),
 ]
 
 
