@@ -127,8 +127,10 @@ def cdf(series: dict[str, list[list[float]]], path: Path, xlabel: str,
 
 
 def panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: Path,
-           xlabel: str) -> Path | None:
-    """Panels stacked over one time axis: ``{panel title: {line: [(t, value), ...]}}``."""
+           xlabel: str, marks: list[tuple[float, str]] | None = None) -> Path | None:
+    """Panels stacked over one time axis: ``{panel title: {line: [(t, value), ...]}}``;
+    ``marks``, (t, label) each, are drawn as dashed vertical lines on every panel (events:
+    a kill, a drain), labelled on the first."""
     panels = {title: {k: v for k, v in lines.items() if v} for title, lines in panels.items()}
     panels = {title: lines for title, lines in panels.items() if lines}
     if not panels:
@@ -138,9 +140,15 @@ def panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: Path,
     for ax, (title, lines) in zip(axes[:, 0], panels.items()):
         for name, points in lines.items():
             ax.plot(*zip(*points), label=name, linewidth=1.1)
+        for t, _ in marks or []:
+            ax.axvline(t, color="grey", linestyle="--", linewidth=0.8, alpha=0.7)
         ax.set_title(title, fontsize=9)
         ax.grid(True, alpha=0.3)
         if len(lines) > 1:
             ax.legend(fontsize=7)
+    top = axes[0, 0]
+    for t, label in marks or []:
+        top.annotate(label, (t, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                     fontsize=6, va="top", ha="right", color="dimgrey")
     axes[-1, 0].set_xlabel(xlabel)
     return _save(fig, path)

@@ -111,8 +111,9 @@ def render_soak(summary: dict, where: Where, name: str) -> list[str]:
         {"users": {"users": list(zip(t, series.get("users", [])))},
          "requests/s": {"requests/s": list(zip(t, series.get("requests_per_s", []))),
                         "failures": list(zip(t, series.get("failures", [])))},
-         "p95 over 10 s (ms)": {k.removeprefix("p95_ms_"): _points(t, series.get(k, []))
-                                for k in ("p95_ms_steady", "p95_ms_burst")}},
+         "p95 over 10 s (ms)": {k.removeprefix("p95_ms_"): [
+             (x, y) for x, y in _points(t, series.get(k, [])) if y]  # 0: none sent
+             for k in ("p95_ms_steady", "p95_ms_burst")}},
         where.plots / f"{name}.png", "seconds into the soak")
     return lines + where.image(png, "users, throughput and p95 over the soak")
 
@@ -195,13 +196,12 @@ def render_chaos(summary: dict, where: Where, name: str) -> list[str]:
     tl = summary.get("timeline")
     png = None
     if tl:
-        kills = {"kills": [(k["at_s"], 0) for k in summary.get("kills", [])]}
         png = report_plots.panels(
             {"answered per second": {"answered": [(t, n / tl["bin_s"])
-                                                  for t, n in zip(tl["t_s"], tl["sent"])],
-                                     **kills},
+                                                  for t, n in zip(tl["t_s"], tl["sent"])]},
              "failed per bin": {"failed": list(zip(tl["t_s"], tl["failed"]))}},
-            where.plots / f"{name}.png", "seconds into the load")
+            where.plots / f"{name}.png", "seconds into the load (dashed: a kill)",
+            marks=[(k["at_s"], k["kind"]) for k in summary.get("kills", [])])
     return lines + where.image(png, "the load through the kills")
 
 
