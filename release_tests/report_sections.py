@@ -230,6 +230,39 @@ def render_retry_after_http(summary: dict, where: Where, name: str) -> list[str]
     return lines + where.image(png, "Retry-After outcomes per policy")
 
 
+EVAL_FIGURES = [("retries_admitted_pct", "retries admitted (%)"),
+                ("finally_rejected_pct", "finally rejected (%)"),
+                ("idle_capacity_pct", "idle capacity (%)"), ("goodput_per_s", "goodput (/s)")]
+
+
+def render_retry_after_eval(summary: dict, where: Where, name: str) -> list[str]:
+    """Per mode (a client retries ``once`` or ``until`` admitted) and figure, a policy x shape
+    table; the goals' verdicts; one plot of retries admitted per shape and policy."""
+    config, medians = summary.get("config", {}), summary.get("medians", {})
+    lines = [f"{config.get('runs')} runs per cell, {config.get('duration_s')} s windows after "
+             f"{config.get('warmup_s')} s of warm-up, {config.get('routers')} router(s), "
+             f"{config.get('replicas')} replica(s) of {config.get('max_ongoing')} slots and a "
+             f"queue of {config.get('max_queued')}, a {config.get('handler_s')} s handler; "
+             f"medians. Modes: `once` (a rejected client retries once) and `until`.", ""]
+    modes = [m for m in ("once", "until") if any(
+        k.startswith(f"{m}_") for shape in medians.values() for row in shape.values() for k in row)]
+    for mode in modes:
+        for key, label in EVAL_FIGURES:
+            policies = list(dict.fromkeys(p for shape in medians.values() for p in shape))
+            rows = [{"policy": p, **{shape: medians[shape].get(p, {}).get(f"{mode}_{key}")
+                                     for shape in medians}} for p in policies]
+            lines += [f"**{mode}: {label}**", ""] + table(rows)
+    goals = summary.get("goals", {})
+    for mode, verdicts in goals.items():
+        lines += [f"Goals, `{mode}`:", ""] + [f"- {v}" for v in verdicts] + [""]
+    png = report_plots.bars(
+        {shape: {p: row.get("once_retries_admitted_pct") for p, row in by_policy.items()}
+         for shape, by_policy in medians.items()},
+        where.plots / f"{name}.png", "% of retries admitted",
+        "a client that retries once after the Retry-After: admitted, per load shape")
+    return lines + where.image(png, "retries admitted per shape and policy")
+
+
 # ---- the LLM day --------------------------------------------------------------------------
 def render_llm_day(summary: dict, where: Where, name: str) -> list[str]:
     params = summary.get("parameters", {})
@@ -272,6 +305,7 @@ RENDERERS: dict[str, Renderer] = {
     "http_bench": render_http_bench, "soak": render_soak,
     "drain_events": render_drain_events, "drain_events_nophase1": render_drain_events,
     "chaos": render_chaos, "overload_idle": render_overload_idle,
-    "node_churn": render_node_churn, "http_abuse": render_http_abuse, "retry_after_http": render_retry_after_http,
+    "node_churn": render_node_churn, "http_abuse": render_http_abuse,
+    "retry_after_http": render_retry_after_http, "retry_after_eval": render_retry_after_eval,
     "llm_day": render_llm_day,
 }
