@@ -170,6 +170,10 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _interrupt(*_: object) -> None:
+    """The first stop signal stops the run; any later one is ignored, so a second Ctrl-C
+    cannot cut the drain short (nor raise in the middle of saying so)."""
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 

@@ -5,6 +5,7 @@ starts Ray."""
 from __future__ import annotations
 
 import io
+import signal
 import socket
 
 import pytest
@@ -119,3 +120,12 @@ def test_nested_and_other_commands_take_verbose_too(config_and_dead_address, cap
     assert cli.main(["k8s", "render", "missing.yaml", "--verbose"]) == EXIT_BAD_CONFIG
     assert cli.main(["status", "--address", address, "--verbose"]) == EXIT_FAILED
     assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_a_second_stop_signal_is_ignored_once_the_run_is_stopping(monkeypatch):
+    installed = {}
+    monkeypatch.setattr(cli.signal, "signal", lambda signum, handler: installed.update(
+        {signum: handler}))
+    with pytest.raises(KeyboardInterrupt):
+        cli._interrupt(signal.SIGINT, None)
+    assert installed == {s: signal.SIG_IGN for s in cli._STOP_SIGNALS}
