@@ -1,0 +1,91 @@
+"""Prefix affinity's pure parts: the prompt's prefix, the ring every router agrees on, and
+the bounded-load choice. No Ray, no clock."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from controlplane.routing.prefix_affinity import (HashRing, capacity, choose,
+                                                   prompt_prefix)
+
+REPLICAS = [f"llm#Model#{i}" for i in range(8)]
+
+
+def body(**fields) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def test_the_prefix_of_a_completion_and_of_a_chat():
+    assert prompt_prefix(body(model="m", prompt="abc" * 10), max_chars=7) == "abcabca"
+    assert prompt_prefix(body(prompt=["first", "second"])) == "first"
+    chat = body(messages=[{"role": "system", "content": "be brief"},
+                          {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    assert prompt_prefix(chat) == "system: be brief\nuser: hi\n"
+    assert prompt_prefix(chat, max_chars=10) == "system: be"
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"\xff\xfe", b"[1, 2]", body(prompt=""),
+                                 body(messages=[]), body(input="no prompt"), None])
+def test_a_body_without_a_prompt_has_no_prefix(raw):
+    assert prompt_prefix(raw) is None
+
+
+def test_a_long_chat_stops_reading_messages_at_the_budget():
+    many = body(messages=[{"role": "user", "content": "x" * 100}] * 10_000)
+    assert len(prompt_prefix(many, max_chars=300)) == 300
+
+
+def test_every_router_maps_a_prefix_to_the_same_replica():
+    one, other = HashRing(REPLICAS), HashRing(list(reversed(REPLICAS)))
+    for i in range(200):
+        assert list(one.walk(f"prompt {i}")) == list(other.walk(f"prompt {i}"))
+    assert sorted(one.walk("any")) == sorted(REPLICAS)  # every replica, once
+
+
+def test_a_replica_leaving_moves_only_the_prefixes_it_held():
+    before, after = HashRing(REPLICAS), HashRing(REPLICAS[:-1])
+    keys = [f"system prompt {i}" for i in range(2000)]
+    first_before = {k: next(before.walk(k)) for k in keys}
+    moved = [k for k in keys if next(after.walk(k)) != first_before[k]]
+    assert moved and all(first_before[k] == REPLICAS[-1] for k in moved)
+
+
+def test_prefixes_spread_over_the_replicas():
+    ring = HashRing(REPLICAS)
+    owners = Counter(next(ring.walk(f"session {i}")) for i in range(8000))
+    assert set(owners) == set(REPLICAS)
+    assert max(owners.values()) / min(owners.values()) < 1.6
+
+
+def test_the_prefix_stays_with_its_replica_while_its_load_is_within_the_bound():
+    ring = HashRing(REPLICAS)
+    home = next(ring.walk("shared system prompt"))
+    loads = dict.fromkeys(REPLICAS, 1)
+    assert choose(ring, "shared system prompt", loads.get, sum(loads.values())) == home
+
+
+def test_a_hot_prefix_spills_to_the_next_replica_on_its_walk_the_same_for_every_router():
+    ring = HashRing(REPLICAS)
+    walk = list(ring.walk("hot"))
+    loads = dict.fromkeys(REPLICAS, 0)
+    loads[walk[0]] = capacity(4, len(REPLICAS))  # at its bound: 4 requests in all
+    total = 4
+    assert choose(ring, "hot", loads.get, total) == walk[1]
+    assert choose(HashRing(list(reversed(REPLICAS))), "hot", loads.get, total) == walk[1]
+
+
+def test_full_or_gone_replicas_are_passed_over_and_none_left_means_none():
+    ring = HashRing(REPLICAS)
+    walk = list(ring.walk("k"))
+    gone = {walk[0], walk[1]}
+    assert choose(ring, "k", lambda r: None if r in gone else 0, 0) == walk[2]
+    assert choose(ring, "k", lambda r: None, 0) is None
+    assert choose(HashRing([]), "k", lambda r: 0, 0) is None
+
+
+def test_the_bound_follows_the_papers_formula():
+    assert capacity(0, 8) == 1  # an idle fleet: one each before spilling
+    assert capacity(79, 8, 1.25) == 13  # ceil(1.25 x 80 / 8) = 12.5 -> 13
