@@ -1,5 +1,6 @@
-"""A router's placeable replicas, as the owning shard last pushed them: by id, and by the
-multiplexed models each holds (a request for a model goes first to a holder with room).
+"""A router's placeable replicas, as the owning shard last pushed them: by id, by the
+multiplexed models each holds (a request for a model goes first to a holder with room), and
+on a hash ring for prefix affinity (built on first use: 64 points a replica).
 
 Rebuilt only when a push brings another replica tuple: a push that changed only the
 deployment's limits or its cluster total keeps the tuple it had, and the rebuild is skipped.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from controlplane.routing.prefix_affinity import HashRing
 from controlplane.wire import ReplicaInfo
 
 
@@ -17,6 +19,7 @@ class ReplicaMembers:
         self.by_id: dict[str, ReplicaInfo] = {}
         self.holders: dict[str, list[str]] = {}  # multiplexed model id -> replica ids
         self._pushed: tuple | None = None  # the last push's tuple, to skip a rebuild
+        self._ring: HashRing | None = None  # over by_id, built when first asked for
 
     def take_push(self, replicas: tuple) -> bool:
         """Whether a push's ``replicas`` are news (another tuple than the last push's)."""
@@ -28,10 +31,17 @@ class ReplicaMembers:
     def replace(self, replicas: Iterable[ReplicaInfo]) -> None:
         """The placeable set is now ``replicas``."""
         self.by_id = {r.replica_id: r for r in replicas}
+        self._ring = None
         self.holders = {}
         for r in self.by_id.values():
             for model_id in r.model_ids:
                 self.holders.setdefault(model_id, []).append(r.replica_id)
+
+    def ring(self) -> HashRing:
+        """The members on a consistent-hash ring (the same ring in every router)."""
+        if self._ring is None:
+            self._ring = HashRing(list(self.by_id))
+        return self._ring
 
     def __len__(self) -> int:
         return len(self.by_id)

@@ -92,12 +92,16 @@ class QueueLenCache:
         load = entry.in_flight + (entry.others or 0)
         return load if load < max_ongoing else None
 
+    def member_load_total(self) -> int:
+        """The known load over the members (this router's and others'), O(1)."""
+        return self._member_in_flight + self._member_others
+
     def occupancy(self, max_ongoing: int) -> float:
         """Known load over fleet capacity, in [0, 1]; 1 with no replicas (nothing drains)."""
         capacity = len(self._member_ids) * max_ongoing
         if capacity <= 0:
             return 1.0
-        return min(1.0, (self._member_in_flight + self._member_others) / capacity)
+        return min(1.0, self.member_load_total() / capacity)
 
     # ---- this router's requests --------------------------------------------------------
     def reserve(self, replica_id: str) -> None:

@@ -44,6 +44,7 @@ from controlplane.errors import BackpressureError, ReplicaUnavailableError, Rout
 from controlplane.routing.admission import RetryAdvisor
 from controlplane.routing.members import ReplicaMembers
 from controlplane.routing.placement import choose_replica, sample_candidates
+from controlplane.routing.prefix_affinity import choose
 from controlplane.routing.queue_len_cache import QueueLenCache
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import ReplicaTransport
@@ -74,13 +75,14 @@ class RouterStatistics:
 class RouterCounters:
     """What a router has done since it started (the totals of ``RouterStatistics``)."""
 
-    __slots__ = ("assigned", "rejected", "probe_failures", "tickets")
+    __slots__ = ("assigned", "rejected", "probe_failures", "tickets", "affinity")
 
     def __init__(self) -> None:
         self.assigned = 0  # requests placed on a replica
         self.rejected = 0  # requests shed at admission
         self.probe_failures = 0
         self.tickets = 0  # requests queued at a full replica by the starvation guard
+        self.affinity = 0  # requests placed by their affinity key (prefix_affinity)
 
 
 class Router:
@@ -148,20 +150,24 @@ class Router:
         self._queued = 0
 
     # ---- requests --------------------------------------------------------------------
-    async def assign(self, request: Any, model_id: str = "") -> Any:
+    async def assign(self, request: Any, model_id: str = "", affinity: str | None = None) -> Any:
         """Send ``request`` to a replica with room and return its result. Raises
         BackpressureError (queue full), ReplicaUnavailableError (the replica died while
         holding it; not retried), RouterClosedError, or the user's own exception."""
-        async with self.slot(model_id) as replica:
+        async with self.slot(model_id, affinity) as replica:
             return await self._transport.send(replica, request)
 
     @contextlib.asynccontextmanager
-    async def slot(self, model_id: str = "") -> AsyncIterator[ReplicaInfo]:
+    async def slot(self, model_id: str = "",
+                   affinity: str | None = None) -> AsyncIterator[ReplicaInfo]:
         """Hold one slot on a replica for the body (e.g. a streamed HTTP response, whose
         slot must outlive the first reply). Raise ReplicaUnavailableError in the body when
         the replica's actor is gone; the router then routes around it. A multiplexed
-        ``model_id`` goes to a replica holding that model when one has room."""
-        replica = await self._wait_slot(model_id)
+        ``model_id`` goes to a replica holding that model when one has room. An ``affinity``
+        key (a prompt's prefix, ``prefix_affinity``) goes to its replica on the hash ring,
+        or the next on its walk, within the bounded load; a request that must wait is
+        placed by load when a slot frees."""
+        replica = await self._wait_slot(model_id, affinity)
         try:
             yield replica
         except ReplicaUnavailableError as e:
@@ -192,12 +198,13 @@ class Router:
             in_flight_by_replica=self._cache.in_flight_by_replica())
 
     # ---- admission and waiting -------------------------------------------------------
-    async def _wait_slot(self, model_id: str = "") -> ReplicaInfo:
+    async def _wait_slot(self, model_id: str = "", affinity: str | None = None) -> ReplicaInfo:
         if self._closed is not None:
             raise RouterClosedError(self._config.deployment, self._closed)
         self._retry.arrivals.record_assignment(self._clock.monotonic())
         if self._queued == 0:  # FIFO: nobody overtakes a waiter
-            replica = self._try_place(hint=None, among=self._members.holders.get(model_id))
+            replica = self._try_affinity(affinity) or self._try_place(
+                hint=None, among=self._members.holders.get(model_id))
             if replica is not None:
                 return replica
         limit = self._config.max_queued_requests
@@ -251,6 +258,18 @@ class Router:
             if placed is not None:
                 return placed
         return self._place_in(self._cache.member_ids(), hint)
+
+    def _try_affinity(self, key: str | None) -> ReplicaInfo | None:
+        """The replica ``key`` hashes to, or the next on its ring walk, within the bounded
+        load (``prefix_affinity.choose``); None without a key or when none qualifies."""
+        if key is None or not len(self._members):
+            return None
+        replica_id = choose(self._members.ring(), key, self._load_of,
+                            self._cache.member_load_total())
+        if replica_id is None:
+            return None
+        self._counts.affinity += 1
+        return self._reserve(replica_id, self._clock.monotonic())
 
     def _place_in(self, replica_ids: Any, hint: str | None) -> ReplicaInfo | None:
         now = self._clock.monotonic()

@@ -3,6 +3,7 @@ the bounded-load choice. No Ray, no clock."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 
@@ -89,3 +90,35 @@ def test_full_or_gone_replicas_are_passed_over_and_none_left_means_none():
 def test_the_bound_follows_the_papers_formula():
     assert capacity(0, 8) == 1  # an idle fleet: one each before spilling
     assert capacity(79, 8, 1.25) == 13  # ceil(1.25 x 80 / 8) = 12.5 -> 13
+
+
+# -- in the router ---------------------------------------------------------------------------
+
+
+def placed_in_order(seed: int, keys: list[str | None]) -> list[str]:
+    """Where a router puts requests sent one after another and left running."""
+    from tests.unit.router_fakes import Harness, settle
+
+    h = Harness()
+    h.make(replicas=4, max_ongoing=8, seed=seed)
+
+    async def main() -> list[str]:
+        for i, key in enumerate(keys):
+            asyncio.get_running_loop().create_task(h.router.assign(i, affinity=key))
+            await settle()
+        return [h.transport.where(i) for i in range(len(keys))]
+
+    return h.run(main)
+
+
+def test_a_router_sends_a_prefix_along_its_ring_walk_as_the_load_bound_allows():
+    walk = list(HashRing([f"r{i}" for i in range(4)]).walk("system prompt"))
+    # the bound ceil(1.25 x (m + 1) / 4) is 1 while m <= 2 requests run, 2 at m = 3
+    assert placed_in_order(0, ["system prompt"] * 4) == walk[:3] + walk[:1]
+
+
+def test_routers_with_other_random_seeds_agree_and_keyless_requests_still_balance():
+    keys = ["a", "b", "a", "c", "b", "a"]
+    assert placed_in_order(1, keys) == placed_in_order(2, keys)
+    keyless = placed_in_order(3, [None] * 8)
+    assert Counter(keyless) == Counter({f"r{i}": 2 for i in range(4)})  # p2c, all slots free
