@@ -268,8 +268,11 @@ class Router:
                             self._cache.member_load_total())
         if replica_id is None:
             return None
+        now = self._clock.monotonic()
+        if self._cache.needs_probe(replica_id, now):  # as for p2c's candidates: fresh loads
+            self._start_probe(replica_id)
         self._counts.affinity += 1
-        return self._reserve(replica_id, self._clock.monotonic())
+        return self._reserve(replica_id, now)
 
     def _place_in(self, replica_ids: Any, hint: str | None) -> ReplicaInfo | None:
         now = self._clock.monotonic()

@@ -122,3 +122,18 @@ def test_routers_with_other_random_seeds_agree_and_keyless_requests_still_balanc
     assert placed_in_order(1, keys) == placed_in_order(2, keys)
     keyless = placed_in_order(3, [None] * 8)
     assert Counter(keyless) == Counter({f"r{i}": 2 for i in range(4)})  # p2c, all slots free
+
+
+def test_the_replica_an_affinity_key_chose_has_its_load_refreshed():
+    from tests.unit.router_fakes import Harness, settle
+
+    h = Harness()
+    h.make(replicas=4, max_ongoing=8)
+    home = next(HashRing([f"r{i}" for i in range(4)]).walk("k"))
+
+    async def main() -> None:
+        asyncio.get_running_loop().create_task(h.router.assign("req", affinity="k"))
+        await settle()
+
+    h.run(main)
+    assert h.transport.where("req") == home and h.transport.probed == [home]
