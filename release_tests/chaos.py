@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from release_tests.plot_data import timeline
-from release_tests.results import record
+from release_tests.results import parse_args, record
 
 CONFIG = Path(__file__).with_name("chaos.yaml")
 URL = "http://127.0.0.1:8011/chaos"
@@ -287,11 +287,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    p = _parser()
-    args = p.parse_args()
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args()
+    args = parse_args(_parser(), SMOKE)
     kinds = _kinds(args.kinds)
     config = CONFIG.with_name("chaos_haproxy.yaml") if args.haproxy else CONFIG
     kills, load, started = run(args.duration_s, args.rate, args.seed, args.every_s, config,

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from release_tests.plot_data import timeline
-from release_tests.results import record
+from release_tests.results import parse_args, record
 
 KINDS = ("scale", "rollout", "replace", "reload")
 APP, DEPLOYMENT = "drain", "DrainModel"
@@ -347,11 +347,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    p = _parser()
-    args = p.parse_args()
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args()
+    args = parse_args(_parser(), SMOKE)
     kinds = _kinds(args.kinds)
 
     from controlplane.instance import Client, start_local_ray

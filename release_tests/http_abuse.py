@@ -65,7 +65,7 @@ from controlplane.instance import Client, start_local_ray
 from controlplane.ingress.listener import proxy_actor_name
 from release_tests.machine import describe, describe_line
 from release_tests.plot_data import quantile, quantiles, thin
-from release_tests.results import record
+from release_tests.results import parse_args, record
 from tests import abuse_clients as abuse
 
 PATH = "/web?kind=size"
@@ -324,11 +324,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    p = _parser()
-    args = p.parse_args()
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args()
+    args = parse_args(_parser(), SMOKE)
     phases, rows, outcomes, options = measure(args)
     report(rows, outcomes, args)
     summary = summarize(phases, rows, outcomes, options, args)

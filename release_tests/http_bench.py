@@ -48,7 +48,7 @@ from pathlib import Path
 import yaml
 
 from release_tests.machine import describe_line
-from release_tests.results import record
+from release_tests.results import parse_args, record
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "release_tests"
@@ -217,11 +217,7 @@ def print_table(summary: dict, args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    p = _parser()
-    args = p.parse_args()
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args()
+    args = parse_args(_parser(), SMOKE)
     every = {**SYSTEMS, **EXTRA}
     unknown = set(args.systems.split(",")) - set(every)
     if unknown:

@@ -51,7 +51,7 @@ from pathlib import Path
 from fleetplane.cli_cluster import forget_ray_address, start_node, wait_ready
 from release_tests.drain_events import Load
 from release_tests.plot_data import timeline
-from release_tests.results import record
+from release_tests.results import parse_args, record
 
 HEAD_IP, WORKERS, GCS_PORT, APP = "127.0.0.2", ("127.0.0.3", "127.0.0.4"), 6391, "churn"
 SMOKE = {"events": 1, "rate": 20.0, "drain_timeout_s": 5.0}
@@ -313,11 +313,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    p = _parser()
-    args = p.parse_args()
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args()
+    args = parse_args(_parser(), SMOKE)
     nodes = LocalNodes(Path(tempfile.mkdtemp(prefix="node_churn_")), args.drain_timeout_s)
     took: dict[str, float] = {}
     try:

@@ -26,7 +26,7 @@ import aiohttp
 
 from release_tests.http_bench import _start, _stop, _wait_ready
 from release_tests.machine import describe, describe_line
-from release_tests.results import record
+from release_tests.results import parse_args, record
 
 HANDLER_S, SLOTS = 0.5, 2
 # Ports of their own: http_bench serves on 8000-8003, retry_after_http on 8040-8041.
@@ -96,10 +96,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     parser = _parser()
-    args = parser.parse_args()
-    if args.smoke:
-        parser.set_defaults(**SMOKE)
-        args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     systems = args.systems.split(",")
     if set(systems) - set(SYSTEMS):
         parser.error(f"--systems: unknown {sorted(set(systems) - set(SYSTEMS))}")

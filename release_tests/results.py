@@ -25,12 +25,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+import argparse
 from typing import Any
 
 from release_tests.machine import describe
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+
+
+def parse_args(parser: argparse.ArgumentParser, smoke: dict[str, Any],
+               argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser``'s arguments; with ``--smoke``, ``smoke`` as the defaults (a flag given on
+    the command line still wins)."""
+    args = parser.parse_args(argv)
+    if args.smoke:
+        parser.set_defaults(**smoke)
+        args = parser.parse_args(argv)
+    return args
 
 
 def folders(smoke: bool = False) -> tuple[Path, Path]:

@@ -41,7 +41,7 @@ from typing import Any, Iterable
 
 from controlplane.routing.retry_after import POLICIES
 from release_tests.machine import describe, describe_line
-from release_tests.results import record
+from release_tests.results import parse_args, record
 from release_tests.retry_after_shapes import SHAPES
 from release_tests.retry_after_sim import PolicyRow, SimConfig, metrics, simulate
 
@@ -319,10 +319,7 @@ def _print_mode(mode: str, by_shape: dict, rows: list[PolicyRow], base: SimConfi
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
-    if args.smoke:
-        parser.set_defaults(**SMOKE)
-        args = parser.parse_args(argv)
+    args = parse_args(parser, SMOKE, argv)
     shapes = _names(args.shapes, SHAPES, "--shapes", parser)
     rows = policy_rows(_names(args.policies, POLICIES, "--policies", parser), args.static_s)
     base = _sim_config(args)

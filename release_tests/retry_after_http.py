@@ -78,7 +78,7 @@ import aiohttp
 
 from release_tests.http_bench import _start, _stop, _wait_ready
 from release_tests.machine import describe_line
-from release_tests.results import record
+from release_tests.results import parse_args, record
 from release_tests.retry_after_sim import Outcome, RunResult, SimConfig, metrics
 
 HANDLER_S, SLOTS, MAX_QUEUED = 0.5, 2, 4
@@ -273,10 +273,7 @@ def summarise(runs: dict[str, Run], args: argparse.Namespace) -> tuple[dict, lis
 
 def main() -> int:
     p = _parser()
-    args = p.parse_args()
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args()
+    args = parse_args(p, SMOKE)
     if args.proxies < 1:
         p.error("--proxies: at least 1")
     print(f"machine: {describe_line()}\nPoisson {args.rate:g}/s, capacity "

@@ -24,7 +24,7 @@ from ray import serve
 from controlplane.config.schema import parse_deploy_config
 from controlplane.instance import Client
 from release_tests.machine import describe_line
-from release_tests.results import record
+from release_tests.results import parse_args, record
 from tests.integration import serve_compat_apps as apps
 
 MODULE = "tests.integration.serve_compat_apps"
@@ -140,10 +140,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     parser = _parser()
-    args = parser.parse_args()
-    if args.smoke:
-        parser.set_defaults(apps=SMOKE_APPS)
-        args = parser.parse_args()
+    args = parse_args(parser, {"apps": SMOKE_APPS})
     names = args.apps.split(",")
     if set(names) - {a[0] for a in APPS}:
         parser.error(f"--apps: unknown {sorted(set(names) - {a[0] for a in APPS})}")

@@ -75,14 +75,13 @@ class RouterStatistics:
 class RouterCounters:
     """What a router has done since it started (the totals of ``RouterStatistics``)."""
 
-    __slots__ = ("assigned", "rejected", "probe_failures", "tickets", "affinity")
+    __slots__ = ("assigned", "rejected", "probe_failures", "tickets")
 
     def __init__(self) -> None:
         self.assigned = 0  # requests placed on a replica
         self.rejected = 0  # requests shed at admission
         self.probe_failures = 0
         self.tickets = 0  # requests queued at a full replica by the starvation guard
-        self.affinity = 0  # requests placed by their affinity key (prefix_affinity)
 
 
 class Router:
@@ -271,7 +270,6 @@ class Router:
         now = self._clock.monotonic()
         if self._cache.needs_probe(replica_id, now):  # as for p2c's candidates: fresh loads
             self._start_probe(replica_id)
-        self._counts.affinity += 1
         return self._reserve(replica_id, now)
 
     def _place_in(self, replica_ids: Any, hint: str | None) -> ReplicaInfo | None:
