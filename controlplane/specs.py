@@ -30,6 +30,7 @@ DEPLOYMENT_DEFAULTS: Mapping[str, Any] = {
     "graceful_shutdown_timeout_s": 20.0,
     "backpressure_config": {"status_code": 503, "retry_after_s": None,
                             "retry_after_policy": "static"},
+    "request_router_config": None,  # power of two choices
     "ray_actor_options": {"num_cpus": 1.0},
 }
 
@@ -65,6 +66,8 @@ class DeploymentSpec:
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     # haproxy mode, ingress deployments: serve HTTP on the replica (set at commit)
     direct_ingress: DirectIngressInit | None = None
+    # request_router_config as routers take it (routing.policies.RoutingPolicy's fields)
+    request_router: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def user_config_version(self) -> str:

@@ -216,6 +216,8 @@ class RoutingUpdate:
     retry_after_s: float | None = None
     retry_after_policy: str = "static"
     demand: ClusterDemand | None = None  # cluster_informed only: the latest total
+    # the routing policy (routing.policies.RoutingPolicy's fields, sorted); () is p2c
+    request_router: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

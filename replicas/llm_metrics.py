@@ -22,6 +22,9 @@ WAITING = "vllm:num_requests_waiting"
 STEPS = "vllm:iteration_tokens_total_count"  # histogram sample count = engine steps
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 START_TIME = "process_start_time_seconds"  # absent when vLLM runs several API servers
+# KV-cache use, 0-1 (vLLM v1's name since 0.10; gpu_cache_usage_perc before): the kv_load
+# routing policies read it through VLLMServer.record_routing_stats, never the check.
+KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _REQUIRED = (RUNNING, WAITING, STEPS)
 _SUMMED = (RUNNING, WAITING, STEPS, GENERATION_TOKENS)
 
@@ -43,6 +46,7 @@ class MetricsSnapshot:
     generation_tokens: float     # output tokens since the process started (reported only)
     start_time_s: float | None   # process start (epoch s); None with several API servers
     model_name: str | None = None  # from the ``model_name`` label, for the tiny answer
+    kv_cache_usage: float | None = None  # the fullest engine's, 0-1; None when not served
 
     @property
     def requests_present(self) -> bool:
@@ -68,6 +72,7 @@ def parse_metrics(text: str, at_s: float) -> MetricsSnapshot:
     """Parse Prometheus text from vLLM; raises MetricsUnusable when the series are missing."""
     sums: dict[str, float] = {}
     start_time: float | None = None
+    kv_usage: float | None = None
     model_name: str | None = None
     try:
         for family in text_string_to_metric_families(text):
@@ -77,6 +82,8 @@ def parse_metrics(text: str, at_s: float) -> MetricsSnapshot:
                     model_name = model_name or sample.labels.get("model_name")
                 elif sample.name == START_TIME:
                     start_time = sample.value
+                elif sample.name in KV_CACHE_USAGE:  # a fraction: the fullest engine's
+                    kv_usage = max(kv_usage or 0.0, sample.value)
     except ValueError as e:  # prometheus_client's parser rejects malformed text this way
         raise MetricsUnusable(f"/metrics is not Prometheus text: {e}") from None
     missing = [name for name in _REQUIRED if name not in sums]
@@ -84,4 +91,5 @@ def parse_metrics(text: str, at_s: float) -> MetricsSnapshot:
         raise MetricsUnusable(f"/metrics lacks vLLM series {', '.join(missing)}")
     return MetricsSnapshot(at_s=at_s, running=sums[RUNNING], waiting=sums[WAITING],
                            steps=sums[STEPS], generation_tokens=sums.get(GENERATION_TOKENS, 0.0),
-                           start_time_s=start_time, model_name=model_name)
+                           start_time_s=start_time, model_name=model_name,
+                           kv_cache_usage=kv_usage)

@@ -129,7 +129,7 @@ class Replica:
         config = self._init.direct_ingress
         if config is None:
             return None
-        app = DirectIngressApp(config, self._serve_direct, self.get_queue_len,
+        app = DirectIngressApp(config, self._serve_direct, self._queue_len,
                                self._init.max_ongoing_requests,
                                healthy=lambda: self._health is not None and self._health.healthy,
                                websocket=self._websocket_direct if self._user.asgi_app else None)
@@ -361,8 +361,14 @@ class Replica:
         session.close()
         asyncio.get_running_loop().create_task(stack.aclose())
 
-    def get_queue_len(self) -> int:
-        """For routers' probes: never waits for a slot (ARCHITECTURE.md, principle 3)."""
+    def get_queue_len(self) -> int | tuple[int, float]:
+        """For routers' probes: never waits for a slot (ARCHITECTURE.md, principle 3).
+        With the engine's KV-cache use where the user's object reports one
+        (``UserCallable.kv_cache_usage``, for the kv_load policies)."""
+        kv = self._user.kv_cache_usage() if self._user is not None else None
+        return self._queue_len() if kv is None else (self._queue_len(), kv)
+
+    def _queue_len(self) -> int:
         return self._ongoing + self._queued
 
     async def prepare_for_shutdown(self, timeout_s: float) -> None:

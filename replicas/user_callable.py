@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from typing import Any, Callable
 
 from controlplane.wire import HTTPRequestData
 from replicas import asgi_ingress
 from replicas.asgi_ingress import AsgiResponse
 from replicas.http_adapter import asgi_scope, to_starlette
+
+logger = logging.getLogger(__name__)
 
 
 async def call_maybe_async(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -98,6 +101,22 @@ class UserCallable:
         fn = self._method("check_health")
         if fn is not None:
             await call_maybe_async(fn)
+
+    def kv_cache_usage(self) -> float | None:
+        """The engine's KV-cache use (0-1) from the user's ``record_routing_stats()``
+        (Serve's hook name; its ``kv_cache_usage`` entry), for the routers' probes (the
+        kv_load policies); None without one. A probe never waits: only a plain (not
+        async) method is called here, and it must only read what it already has."""
+        fn = self._method("record_routing_stats")
+        if fn is None or inspect.iscoroutinefunction(fn):
+            return None
+        try:
+            stats = fn()
+        except Exception:  # a broken hook costs the signal, never the probe
+            logger.debug("record_routing_stats raised", exc_info=True)
+            return None
+        value = stats.get("kv_cache_usage") if isinstance(stats, dict) else None
+        return float(value) if isinstance(value, (int, float)) else None
 
     async def reconfigure(self, user_config: Any, rank: Any = None) -> None:
         """Serve's rule: ``reconfigure(user_config)``, with ``rank=`` as well when the

@@ -81,6 +81,7 @@ class VLLMServer:
         self._last: dict | None = None        # the latest check step, reported or not
         self._verdict: Verdict | None = None  # the latest verdict reported
         self._checks = 0
+        self._kv_cache_usage: float | None = None  # from the last /metrics the check read
         self._health_task: asyncio.Task | None = None
 
     # ---- traffic -------------------------------------------------------------------------------
@@ -129,6 +130,8 @@ class VLLMServer:
             return self._decide(Verdict.DEAD, "the engine process exited", None)
         step = self._checker.check_once()
         self._checks += 1
+        if step.snapshot is not None:
+            self._kv_cache_usage = step.snapshot.kv_cache_usage
         j = step.judgement
         if j.action is not Action.REPORT:
             return self._decide(None, j.reason, step)
@@ -144,6 +147,12 @@ class VLLMServer:
                       "decision": decision.value,
                       "report": report.to_dict() if report else None}
         return self._last
+
+    def record_routing_stats(self) -> dict:
+        """Serve's routing-stats hook: the KV-cache use the last check read of
+        ``/metrics`` (the kv_load routing policies). Reads what the check has; never asks
+        the engine (a probe must not wait)."""
+        return {} if self._kv_cache_usage is None else {"kv_cache_usage": self._kv_cache_usage}
 
     def statistics(self) -> dict:
         """A snapshot: engine, last check, restart decision."""

@@ -43,6 +43,7 @@ from controlplane.config.bounds import (
 from controlplane.config.options import MODEL_CONFIG as _MODEL_CONFIG
 from controlplane.config.options import (BackpressureConfig, ControllerOptions,  # noqa: F401
                                          HTTPOptions)  # re-exported: users import them here
+from controlplane.config.request_router import RequestRouterConfig
 from controlplane.config.runtime_env import RuntimeEnvField
 from controlplane.config.serve_compat import (
     ReplicasOrAuto, ServeApplicationFields, ServeAutoscalingFields,
@@ -194,6 +195,8 @@ class DeploymentOptions(BaseModel):
         None, description="Seconds a stopping replica may spend draining."
     )
     backpressure_config: BackpressureConfig | None = Field(None, description="How shed requests end.")
+    request_router_config: RequestRouterConfig | None = Field(
+        None, description="How requests are placed on replicas (controlplane/routing/policies.py).")
     ray_actor_options: RayActorOptions | None = Field(None, description="Ray options of each replica.")
 
     @field_validator("user_config")

@@ -293,7 +293,6 @@ class ServeDeploymentFields(BaseModel):
     max_replicas_per_node: _PerNode | None = not_acted_on(
         "Most replicas of this deployment on one node.")
     logging_config: LoggingConfig | None = not_acted_on("Logging of the replicas.")
-    request_router_config: _Json | None = not_acted_on("Serve's request router options.")
     gang_scheduling_config: _Json | None = not_acted_on("Gang scheduling of replicas.")
     deployment_actors: list[_Json] | None = not_acted_on("Deployment-scoped actors.")
     rolling_update_percentage: _PositiveFraction | None = not_acted_on(

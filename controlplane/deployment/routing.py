@@ -59,7 +59,8 @@ class DeploymentRouting:
         if demand is not None:
             self._demand = demand
         limits = (spec.max_ongoing_requests, spec.max_queued_requests,
-                  tuple(sorted(spec.backpressure_config.items())), self._models_version)
+                  tuple(sorted(spec.backpressure_config.items())), self._models_version,
+                  _policy(spec))
         changes = replicas.take_serving_changes()
         if limits != self._key or self._published is None:
             self._key = limits
@@ -95,7 +96,12 @@ class DeploymentRouting:
             status_code=int(backpressure.get("status_code", 503)),
             retry_after_s=backpressure.get("retry_after_s"),
             retry_after_policy=backpressure.get("retry_after_policy") or "static",
-            demand=self._demand)
+            demand=self._demand, request_router=_policy(spec))
+
+
+def _policy(spec: DeploymentSpec) -> tuple:
+    # getattr: a spec checkpointed before request_router existed has none (p2c)
+    return tuple(sorted(dict(getattr(spec, "request_router", None) or {}).items()))
 
 
 class RequestErrors:

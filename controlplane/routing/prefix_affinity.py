@@ -1,25 +1,31 @@
 """Prefix affinity: the same prompt prefix to the same replica, from every router, without
-shared state. Groundwork for LLM-aware routing (not yet a routing policy a config can name).
+shared state (the ``prefix``, ``prefix_kv`` and ``session`` routing policies,
+``routing.policies``).
 
 An LLM engine keeps the KV cache of the prompts it has read; a request whose prompt starts
 like an earlier one skips reading that part again, but only on the replica that read it.
 Routers that each keep their own index of who read what disagree (one per proxy, one per
-handle), and the affinity halves with every router added. Here the choice is a pure
+handle), and the affinity halves with every router added. Here the first choice is a pure
 function of the prompt and the replica set instead:
 
-- ``prompt_prefix``: the start of an OpenAI request's prompt (``/v1/completions``'
-  ``prompt``, ``/v1/chat/completions``' ``messages`` in order) up to ``max_chars``; None for
-  a body that is not such JSON (it is routed by load alone, no error).
-- ``HashRing``: consistent hashing of that prefix onto the replicas (``VNODES`` points per
-  replica): every router with the same replica set maps a prefix to the same replica, and a
-  replica joining or leaving moves only the prefixes it takes or held (about 1/N of them).
+- ``read_prompt``: an OpenAI request's prompt (``/v1/completions``' ``prompt``,
+  ``/v1/chat/completions``' ``messages`` in order), at most ``max_chars`` of it (only the
+  first blocks are hashed, however long the prompt), and its *start*: a completion's first
+  ``START_CHARS``; a chat's messages up to its first user message, ``START_PART_CHARS`` of
+  each. A conversation keeps its start turn after turn, and two conversations with one
+  system prompt have different starts. None for a body that is not such JSON (routed by
+  load alone, no error).
+- ``HashRing``: consistent hashing of the start onto the replicas (``VNODES`` points per
+  replica): every router with the same replica set maps a start to the same replica, and a
+  replica joining or leaving moves only the starts it takes or held (about 1/N of them).
 - ``choose``: with bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with
-  Bounded Loads", SODA 2018): walk the ring from the prefix's point and take the first
+  Bounded Loads", SODA 2018): walk the ring from the start's point and take the first
   replica with a free slot whose load is within ``balance_factor`` x the mean (+1), so a
-  popular prefix (a shared system prompt) spills over to the next replica on its ring walk,
-  the same one from every router, instead of hot-spotting one replica. HAProxy's
-  ``hash-type consistent`` with ``hash-balance-factor`` is the same scheme, for the
-  HAProxy path.
+  popular prefix spills over to the next replica on its ring walk, the same one from every
+  router, instead of hot-spotting one replica. HAProxy's ``hash-type consistent`` with
+  ``hash-balance-factor`` is the same scheme, for the HAProxy path.
+- ``block_keys``: the prompt's full blocks of ``BLOCK_CHARS``, each key chained to the ones
+  before it (as vLLM's block hashes are), for a router's ``PrefixIndex``.
 """
 
 from __future__ import annotations
@@ -28,9 +34,13 @@ import bisect
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-DEFAULT_MAX_CHARS = 1024  # about 256 tokens: a system prompt or a template's head
+START_CHARS = 1024  # a completion's start: about 256 tokens, a few-shot template's head
+START_PART_CHARS = 512  # of each message in a chat's start
+BLOCK_CHARS = 256  # about 64 tokens: four of vLLM's 16-token blocks
+MAX_PROMPT_CHARS = 64 * BLOCK_CHARS  # what is read of a prompt at most (16 KiB of text)
 VNODES = 64  # ring points per replica: loads within a few % of even at 8+ replicas
 DEFAULT_BALANCE_FACTOR = 1.25  # the bound the paper and HAProxy's examples use
 
@@ -39,11 +49,18 @@ def _hash(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
-def prompt_prefix(body: bytes | str | dict | None, max_chars: int = DEFAULT_MAX_CHARS
-                  ) -> str | None:
-    """The first ``max_chars`` characters of a completion's ``prompt`` or of a chat's
-    ``messages`` (each as ``role: content``, in order); None when the body has neither."""
-    if isinstance(body, (bytes, str)):
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    text: str  # the prompt as read, in order, at most max_chars
+    start: str  # the ring key: the conversation's start
+    start_chars: int  # how much of ``text`` the start covers (its blocks)
+
+
+def read_prompt(body: Any, max_chars: int = MAX_PROMPT_CHARS) -> Prompt | None:
+    """The prompt of a completion (``prompt``, the first of a batch) or of a chat
+    (``messages``, each as ``role: content``); None when the body has neither. ``body``:
+    JSON bytes or text, or the parsed dict."""
+    if isinstance(body, (bytes, bytearray, str)):
         try:
             body = json.loads(body)
         except (ValueError, UnicodeDecodeError):
@@ -54,28 +71,49 @@ def prompt_prefix(body: bytes | str | dict | None, max_chars: int = DEFAULT_MAX_
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         prompt = prompt[0]  # a batch of prompts: the first leads
     if isinstance(prompt, str) and prompt:
-        return prompt[:max_chars]
+        text = prompt[:max_chars]
+        return Prompt(text, text[:START_CHARS], min(len(text), START_CHARS))
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
-        return _messages_prefix(messages, max_chars) or None
+        return _chat_prompt(messages, max_chars)
     return None
 
 
-def _messages_prefix(messages: list[Any], max_chars: int) -> str:
+def _chat_prompt(messages: list[Any], max_chars: int) -> Prompt | None:
     parts: list[str] = []
-    size = 0
+    start: list[str] = []
+    size, start_chars, started = 0, 0, False
     for message in messages:
         if not isinstance(message, dict):
             break
         content = message.get("content")
         if isinstance(content, list):  # content parts: their text, in order
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        part = f"{message.get('role', '')}: {content if isinstance(content, str) else ''}\n"
+            content = "".join(p.get("text", "") for p in content
+                              if isinstance(p, dict) and isinstance(p.get("text"), str))
+        role = message.get("role")
+        part = f"{role}: {content if isinstance(content, str) else ''}\n"
         parts.append(part)
         size += len(part)
+        if not started:
+            start.append(part[:START_PART_CHARS])
+            start_chars = min(size, max_chars)
+            started = role == "user"
         if size >= max_chars:
             break
-    return "".join(parts)[:max_chars]
+    if not parts:
+        return None
+    return Prompt("".join(parts)[:max_chars], "".join(start), start_chars)
+
+
+def block_keys(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
+    """One key per full block of ``text``, each chained to those before it: equal keys
+    mean equal text up to that block. Python's ``hash`` (salted per process): the keys
+    are for this router's own index."""
+    keys, key = [], 0
+    for end in range(block_chars, len(text) + 1, block_chars):
+        key = hash((key, text[end - block_chars:end]))
+        keys.append(key)
+    return tuple(keys)
 
 
 class HashRing:

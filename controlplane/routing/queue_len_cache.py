@@ -34,6 +34,7 @@ class _Entry:
     probe_base: int = 0  # in_flight when the running probe was sent
     unreachable: bool = False  # a call found the actor gone; out of placement until it answers
     member: bool = True
+    kv: float = 0.0  # the engine's KV-cache use (0-1) the replica last reported, if any
 
 
 class QueueLenCache:
@@ -142,7 +143,13 @@ class QueueLenCache:
         entry.probing = True
         entry.probe_base = entry.in_flight
 
-    def probe_answered(self, replica_id: str, queue_len: int, now: float) -> None:
+    def kv_of(self, replica_id: str) -> float:
+        """The KV-cache use (0-1) the replica's last probe answer carried; 0 without."""
+        entry = self._entries.get(replica_id)
+        return entry.kv if entry is not None else 0.0
+
+    def probe_answered(self, replica_id: str, queue_len: int, now: float,
+                       kv: float | None = None) -> None:
         """Store the others' share of a reported queue length.
 
         Our share is taken as the larger of our in-flight count when the probe was sent
@@ -156,6 +163,8 @@ class QueueLenCache:
         entry.probing = False
         if not entry.member:
             return
+        if kv is not None:
+            entry.kv = min(1.0, max(0.0, kv))
         others = max(0, queue_len - max(entry.probe_base, entry.in_flight))
         self._member_others += others - (entry.others or 0)
         entry.others, entry.checked_at, entry.unreachable = others, now, False

@@ -44,7 +44,8 @@ from controlplane.errors import BackpressureError, ReplicaUnavailableError, Rout
 from controlplane.routing.admission import RetryAdvisor
 from controlplane.routing.members import ReplicaMembers
 from controlplane.routing.placement import choose_replica, sample_candidates
-from controlplane.routing.prefix_affinity import choose
+from controlplane.routing.policies import Affinity, RoutingPolicy
+from controlplane.routing.prefix_affinity import capacity, choose
 from controlplane.routing.queue_len_cache import QueueLenCache
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import ReplicaTransport
@@ -149,7 +150,13 @@ class Router:
         self._queued = 0
 
     # ---- requests --------------------------------------------------------------------
-    async def assign(self, request: Any, model_id: str = "", affinity: str | None = None) -> Any:
+    @property
+    def policy(self) -> RoutingPolicy:
+        """The deployment's routing policy (what key a request carries)."""
+        return self._config.policy
+
+    async def assign(self, request: Any, model_id: str = "",
+                     affinity: Affinity | None = None) -> Any:
         """Send ``request`` to a replica with room and return its result. Raises
         BackpressureError (queue full), ReplicaUnavailableError (the replica died while
         holding it; not retried), RouterClosedError, or the user's own exception."""
@@ -158,14 +165,14 @@ class Router:
 
     @contextlib.asynccontextmanager
     async def slot(self, model_id: str = "",
-                   affinity: str | None = None) -> AsyncIterator[ReplicaInfo]:
+                   affinity: Affinity | None = None) -> AsyncIterator[ReplicaInfo]:
         """Hold one slot on a replica for the body (e.g. a streamed HTTP response, whose
         slot must outlive the first reply). Raise ReplicaUnavailableError in the body when
         the replica's actor is gone; the router then routes around it. A multiplexed
-        ``model_id`` goes to a replica holding that model when one has room. An ``affinity``
-        key (a prompt's prefix, ``prefix_affinity``) goes to its replica on the hash ring,
-        or the next on its walk, within the bounded load; a request that must wait is
-        placed by load when a slot frees."""
+        ``model_id`` goes to a replica holding that model when one has room. An
+        ``affinity`` (a prompt's or a session's, ``policies``) goes to its replica
+        (``_try_affinity``) within the bounded load; a request that must wait is placed by
+        load when a slot frees."""
         replica = await self._wait_slot(model_id, affinity)
         try:
             yield replica
@@ -197,7 +204,14 @@ class Router:
             in_flight_by_replica=self._cache.in_flight_by_replica())
 
     # ---- admission and waiting -------------------------------------------------------
-    async def _wait_slot(self, model_id: str = "", affinity: str | None = None) -> ReplicaInfo:
+    async def _wait_slot(self, model_id: str = "",
+                         affinity: Affinity | None = None) -> ReplicaInfo:
+        replica = await self._wait_any_slot(model_id, affinity)
+        if affinity is not None and affinity.blocks:  # its blocks are that replica's now
+            self._members.index.insert(replica.replica_id, affinity.blocks)
+        return replica
+
+    async def _wait_any_slot(self, model_id: str, affinity: Affinity | None) -> ReplicaInfo:
         if self._closed is not None:
             raise RouterClosedError(self._config.deployment, self._closed)
         self._retry.arrivals.record_assignment(self._clock.monotonic())
@@ -249,22 +263,36 @@ class Router:
 
     # ---- placement ---------------------------------------------------------------------
     def _try_place(self, hint: str | None, among: list[str] | None = None) -> ReplicaInfo | None:
-        """Choose by power of two choices and reserve the slot, or None if none has room.
+        """Choose by the policy's load rule (power of two choices, by queue length or with
+        KV-cache use; or round robin) and reserve the slot, or None if none has room.
         Refreshes, in the background, the cache of every replica it looked at. ``among``
         (the holders of a multiplexed model) is tried first, then every replica."""
+        if self._config.policy.name == "round_robin":
+            return self._next_in_turn()
         if among:
             placed = self._place_in(among, None)
             if placed is not None:
                 return placed
         return self._place_in(self._cache.member_ids(), hint)
 
-    def _try_affinity(self, key: str | None) -> ReplicaInfo | None:
-        """The replica ``key`` hashes to, or the next on its ring walk, within the bounded
-        load (``prefix_affinity.choose``); None without a key or when none qualifies."""
-        if key is None or not len(self._members):
+    def _try_affinity(self, affinity: Affinity | None) -> ReplicaInfo | None:
+        """The replica an affinity places on, or None (then by load):
+
+        - its start's replica on the hash ring, or the next on its walk, within the bounded
+          load (``prefix_affinity.choose``): the same from every router;
+        - unless this router sent more of the prompt than its start to another replica
+          with room within the bound (``prefix_index``): the conversation's history is
+          there, where the bound once spilled it."""
+        if affinity is None or not len(self._members):
             return None
-        replica_id = choose(self._members.ring(), key, self._load_of,
-                            self._cache.member_load_total())
+        members, factor = self._members, self._config.policy.balance_factor
+        total = self._cache.member_load_total()
+        replica_id = choose(members.ring(), affinity.start, self._load_of, total, factor)
+        holder, matched = members.index.match(affinity.blocks)
+        if holder is not None and holder != replica_id and matched > affinity.start_blocks:
+            load = self._load_of(holder)
+            if load is not None and load + 1 <= capacity(total, len(members), factor):
+                replica_id = holder
         if replica_id is None:
             return None
         now = self._clock.monotonic()
@@ -272,9 +300,20 @@ class Router:
             self._start_probe(replica_id)
         return self._reserve(replica_id, now)
 
+    def _next_in_turn(self) -> ReplicaInfo | None:
+        """Round robin: the first replica with room from where the last turn ended."""
+        ids, members = self._cache.member_ids(), self._members
+        for step in range(len(ids)):
+            i = (members.turn + step) % len(ids)
+            if self._load_of(ids[i]) is not None:
+                members.turn = i + 1
+                return self._reserve(ids[i], self._clock.monotonic())
+        return None
+
     def _place_in(self, replica_ids: Any, hint: str | None) -> ReplicaInfo | None:
         now = self._clock.monotonic()
-        placement = choose_replica(replica_ids, self._load_of, self._rng,
+        load_of = self._kv_load_of if self._config.policy.uses_kv else self._load_of
+        placement = choose_replica(replica_ids, load_of, self._rng,
                                    hint=hint, max_pairs=self._settings.max_pairs)
         for replica_id in placement.candidates:
             if self._cache.needs_probe(replica_id, now):
@@ -291,6 +330,14 @@ class Router:
 
     def _load_of(self, replica_id: str) -> int | None:
         return self._cache.load_if_placeable(replica_id, self._config.max_ongoing_requests)
+
+    def _kv_load_of(self, replica_id: str) -> float | None:
+        """kv_load's score: the load plus the engine's KV-cache use x max_ongoing_requests
+        (a nearly full cache counts as nearly full slots); None as ``_load_of``."""
+        load = self._load_of(replica_id)
+        if load is None:
+            return None
+        return load + self._cache.kv_of(replica_id) * self._config.max_ongoing_requests
 
     def _release(self, replica_id: str) -> None:
         self._cache.release(replica_id)
@@ -383,7 +430,7 @@ class Router:
         deadline_s = self._settings.probe_deadline_s
         replica_id = replica.replica_id
         try:  # the transport should honour the deadline; wait_for makes sure
-            queue_len = await asyncio.wait_for(
+            answer = await asyncio.wait_for(
                 self._transport.probe_queue_len(replica, deadline_s), deadline_s)
         except Exception as e:  # outermost frame of an owned task: count, log, carry on
             self._counts.probe_failures += 1
@@ -391,5 +438,6 @@ class Router:
             self._cache.probe_failed(replica_id, self._clock.monotonic(),
                                      unreachable=isinstance(e, ReplicaUnavailableError))
         else:
-            self._cache.probe_answered(replica_id, int(queue_len), self._clock.monotonic())
+            queue_len, kv = answer if isinstance(answer, tuple) else (answer, None)
+            self._cache.probe_answered(replica_id, int(queue_len), self._clock.monotonic(), kv)
         self._dispatch(hint=replica_id)  # the head looks first where the news is

@@ -67,15 +67,17 @@ class RouterSet:
                    meta: RequestMeta | None = None) -> Any:
         """A handle call: the user's result, or their exception."""
         meta = meta or RequestMeta()
-        return await self._router_for_call(key).assign((method, args, kwargs, meta),
-                                                       meta.model_id)
+        router = self._router_for_call(key)
+        return await router.assign((method, args, kwargs, meta), meta.model_id,
+                                   router.policy.of_call(args, kwargs))
 
     async def stream(self, key: str, method: str, args: tuple, kwargs: dict,
                      meta: RequestMeta | None = None) -> AsyncIterator[Any]:
         """A handle call with ``stream=True``: the items the user's generator yields,
         in one slot held until the stream ends."""
         meta = meta or RequestMeta()
-        async with self._router_for_call(key).slot(meta.model_id) as replica:
+        router = self._router_for_call(key)
+        async with router.slot(meta.model_id, router.policy.of_call(args, kwargs)) as replica:
             async for item in self.transport.stream(replica, (method, args, kwargs, meta)):
                 yield item
 
@@ -108,5 +110,6 @@ class RouterSet:
             await respond(send, 503, f"deployment {key} has no running replicas",
                           [(b"retry-after", b"1")])
             return 503
-        async with router.slot(header_value(data.headers, MODEL_ID_HEADER)) as replica:
+        affinity = router.policy.of_http(data.headers, data.body)  # None for p2c: no parse
+        async with router.slot(header_value(data.headers, MODEL_ID_HEADER), affinity) as replica:
             return await self.transport.send_http(replica, data, send)

@@ -3,8 +3,9 @@ from the owning shard (``wire.RoutingUpdate``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from controlplane.routing.policies import RoutingPolicy
 from controlplane.routing.retry_after import RetryAfterPolicy, check_policy
 from controlplane.wire import RoutingUpdate
 
@@ -19,6 +20,7 @@ class RoutingConfig:
     status_code: int = 503
     retry_after_s: float | None = None
     retry_after_policy: RetryAfterPolicy = "static"
+    policy: RoutingPolicy = field(default_factory=RoutingPolicy)  # request_router_config
 
     def __post_init__(self) -> None:
         if self.max_ongoing_requests < 1:
@@ -34,4 +36,5 @@ class RoutingConfig:
         return cls(deployment=deployment, max_ongoing_requests=update.max_ongoing_requests,
                    max_queued_requests=update.max_queued_requests,
                    status_code=update.status_code, retry_after_s=update.retry_after_s,
-                   retry_after_policy=update.retry_after_policy)
+                   retry_after_policy=update.retry_after_policy,
+                   policy=RoutingPolicy.from_wire(dict(update.request_router)))

@@ -45,7 +45,8 @@ class ReplicaTransport(Protocol):
     ``send`` raises ``ReplicaUnavailableError`` when the replica's actor is gone; any
     other exception is the user's and passes through the router unchanged.
     ``probe_queue_len`` answers the replica's ongoing + queued requests
-    (``Replica.get_queue_len``) within ``deadline_s``, and must never wait for a request
+    (``Replica.get_queue_len``), with its engine's KV-cache use (0-1) as a second number
+    where the replica reports one, within ``deadline_s``, and must never wait for a request
     slot (a health or load check never uses what it protects: ARCHITECTURE.md,
     principle 3). ``send_http`` answers one HTTP request on ``send`` (an
     ASGI send) and returns the status sent, or raises ``DeploymentRaised`` having sent
@@ -54,7 +55,8 @@ class ReplicaTransport(Protocol):
 
     async def send(self, replica: ReplicaInfo, request: Any) -> Any: ...
 
-    async def probe_queue_len(self, replica: ReplicaInfo, deadline_s: float) -> int: ...
+    async def probe_queue_len(self, replica: ReplicaInfo,
+                              deadline_s: float) -> int | tuple[int, float]: ...
 
     async def send_http(self, replica: ReplicaInfo, data: HTTPRequestData, send: Any) -> int: ...
 
@@ -104,7 +106,8 @@ class RayTransport:
         except RayTaskError as e:
             raise _unwrapped(e) from None
 
-    async def probe_queue_len(self, replica: ReplicaInfo, deadline_s: float) -> int:
+    async def probe_queue_len(self, replica: ReplicaInfo,
+                              deadline_s: float) -> int | tuple[int, float]:
         try:
             return await asyncio.wait_for(self.handle(replica).get_queue_len.remote(),
                                           deadline_s)

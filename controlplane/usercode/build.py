@@ -45,6 +45,7 @@ import ray.cloudpickle as cloudpickle
 from pydantic import BaseModel, ValidationError
 
 from controlplane.deployment.autoscaling import AutoscalingPolicy, initial_target
+from controlplane.config.request_router import RequestRouterConfig
 from controlplane.config.schema import AutoscalingConfig, DeploymentConfig, check_deployment_options
 from controlplane.usercode.code_fit import check_constructor, check_user_config
 from controlplane.config.serve_compat import AUTO_AUTOSCALING
@@ -236,9 +237,13 @@ def _serve_code_options(dep: Any) -> tuple[dict, list[str]]:
     cfg = dep._deployment_config
     options = {name: getattr(cfg, name) for name in _SERVE_OPTION_NAMES
                if name in cfg.user_configured_option_names}
-    for name in ("autoscaling_config", "backpressure_config"):
+    for name in ("autoscaling_config", "backpressure_config", "request_router_config"):
         if options.get(name) is not None:
             options[name] = options[name].model_dump(exclude_unset=True)
+    router_class = (options.get("request_router_config") or {}).get("request_router_class")
+    if router_class is not None and not isinstance(router_class, str):  # a class object
+        options["request_router_config"]["request_router_class"] = \
+            f"{router_class.__module__}:{router_class.__qualname__}"
     ignored = _unread_code_options(dep)
     scaling = options.get("autoscaling_config")
     if scaling is not None:
@@ -340,7 +345,9 @@ def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, A
         graceful_shutdown_timeout_s=float(options["graceful_shutdown_timeout_s"]),
         backpressure_config=backpressure, ray_actor_options=actor_options,
         route_prefix=app_config.get("route_prefix") if ingress else None,
-        runtime_env=runtime_env)
+        runtime_env=runtime_env,
+        request_router=RequestRouterConfig.model_validate(
+            options["request_router_config"] or {}).policy())
 
 
 def _code_identity(found: _Found) -> list:

@@ -37,6 +37,7 @@ class FakeTransport:
         self.sent: list[Sent] = []
         self.probed: list[str] = []
         self.others: dict[str, int] = {}
+        self.kv: dict[str, float] = {}  # KV-cache use a replica reports with its queue length
         self.probe_outcome: dict[str, Any] = {}
         self._pending: dict[Any, tuple[str, asyncio.Future]] = {}
 
@@ -49,7 +50,8 @@ class FakeTransport:
         finally:
             self._pending.pop(request, None)
 
-    async def probe_queue_len(self, replica: ReplicaInfo, deadline_s: float) -> int:
+    async def probe_queue_len(self, replica: ReplicaInfo,
+                              deadline_s: float) -> int | tuple[int, float]:
         rid = replica.replica_id
         self.probed.append(rid)
         outcome = self.probe_outcome.get(rid)
@@ -57,7 +59,8 @@ class FakeTransport:
             await asyncio.sleep(3600)
         if isinstance(outcome, BaseException):
             raise outcome
-        return len(self.on(rid)) + self.others.get(rid, 0)
+        queue_len = len(self.on(rid)) + self.others.get(rid, 0)
+        return (queue_len, self.kv[rid]) if rid in self.kv else queue_len
 
     # ---- test controls ---------------------------------------------------------------
     def on(self, replica_id: str) -> list[Any]:
@@ -80,8 +83,8 @@ class Harness:
         self.router: Router | None = None
 
     def make(self, replicas: int = 1, max_ongoing: int = 1, max_queued: int = -1, seed: int = 0,
-             **backpressure: Any) -> Router:
-        config = RoutingConfig(DEP, max_ongoing, max_queued, **backpressure)
+             **config_fields: Any) -> Router:
+        config = RoutingConfig(DEP, max_ongoing, max_queued, **config_fields)
         self.router = Router(config, self.transport, self.clock, random.Random(seed))
         self.router.update_replicas(replica(i) for i in range(replicas))
         return self.router

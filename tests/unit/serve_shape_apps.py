@@ -56,3 +56,14 @@ unimplemented_options_app = serve.deployment(
 
 # num_replicas="auto" in code: Serve's default autoscaling.
 auto_app = serve.deployment(num_replicas="auto")(Model).bind()
+
+
+def _prefix_router_class():
+    from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import \
+        PrefixCacheAffinityRouter
+    return PrefixCacheAffinityRouter
+
+
+# Serve LLM's prefix-aware router set in code, as a class object (Serve's docs' shape).
+prefix_routed = serve.deployment(
+    Model, request_router_config={"request_router_class": _prefix_router_class()}).bind()

@@ -47,6 +47,15 @@ def test_sums_every_engine_and_notes_the_missing_start_time():
     assert s.requests_present
 
 
+def test_kv_cache_use_is_the_fullest_engines_under_either_name():
+    assert parse_metrics(TWO_ENGINES, at_s=0).kv_cache_usage is None  # not served: unknown
+    kv = ("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"qwen\"} 0.25\n"
+          "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"qwen\"} 0.75\n")
+    assert parse_metrics(TWO_ENGINES + kv, at_s=0).kv_cache_usage == 0.75
+    old = "vllm:gpu_cache_usage_perc{model_name=\"qwen\"} 0.5\n"  # before vLLM 0.10
+    assert parse_metrics(TWO_ENGINES + old, at_s=0).kv_cache_usage == 0.5
+
+
 def test_reads_the_simulators_text_and_counts_prefill_as_steps_without_tokens():
     engine = SimEngine("m", slots=2, wall=lambda: 1234.0)
     engine.submit(max_tokens=3, prefill_steps=4)

@@ -9,8 +9,10 @@ from collections import Counter
 
 import pytest
 
-from controlplane.routing.prefix_affinity import (HashRing, capacity, choose,
-                                                   prompt_prefix)
+from controlplane.routing.policies import Affinity
+from controlplane.routing.prefix_affinity import (BLOCK_CHARS, MAX_PROMPT_CHARS, START_CHARS,
+                                                   START_PART_CHARS, HashRing, block_keys,
+                                                   capacity, choose, read_prompt)
 
 REPLICAS = [f"llm#Model#{i}" for i in range(8)]
 
@@ -19,24 +21,47 @@ def body(**fields) -> bytes:
     return json.dumps(fields).encode()
 
 
-def test_the_prefix_of_a_completion_and_of_a_chat():
-    assert prompt_prefix(body(model="m", prompt="abc" * 10), max_chars=7) == "abcabca"
-    assert prompt_prefix(body(prompt=["first", "second"])) == "first"
-    chat = body(messages=[{"role": "system", "content": "be brief"},
-                          {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
-    assert prompt_prefix(chat) == "system: be brief\nuser: hi\n"
-    assert prompt_prefix(chat, max_chars=10) == "system: be"
+def test_the_prompt_of_a_completion_and_its_start():
+    prompt = read_prompt(body(model="m", prompt="abc" * 1000), max_chars=2000)
+    assert prompt.text == ("abc" * 1000)[:2000]
+    assert prompt.start == prompt.text[:START_CHARS] and prompt.start_chars == START_CHARS
+    assert read_prompt(body(prompt=["first", "second"])).text == "first"
+
+
+def test_a_chats_start_runs_to_its_first_user_message_and_stays_turn_after_turn():
+    system = {"role": "system", "content": "be brief " * 100}
+    first = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    turn_1 = read_prompt(body(messages=[system, first]))
+    turn_2 = read_prompt(body(messages=[system, first, {"role": "assistant", "content": "yo"},
+                                        {"role": "user", "content": "more"}]))
+    assert turn_1.text.startswith("system: be brief") and turn_1.text.endswith("user: hi\n")
+    assert turn_1.start == turn_2.start  # one conversation, one ring key
+    assert turn_1.start == f"system: {system['content']}\n"[:START_PART_CHARS] + "user: hi\n"
+    assert turn_2.start_chars == turn_1.start_chars == len(turn_1.text)
+    other = read_prompt(body(messages=[system, {"role": "user", "content": "other"}]))
+    assert other.start != turn_1.start  # two conversations with one system prompt
 
 
 @pytest.mark.parametrize("raw", [b"not json", b"\xff\xfe", b"[1, 2]", body(prompt=""),
-                                 body(messages=[]), body(input="no prompt"), None])
-def test_a_body_without_a_prompt_has_no_prefix(raw):
-    assert prompt_prefix(raw) is None
+                                 body(messages=[]), body(input="no prompt"), None,
+                                 body(messages=["not a message"])])
+def test_a_body_without_a_prompt_has_none(raw):
+    assert read_prompt(raw) is None
 
 
-def test_a_long_chat_stops_reading_messages_at_the_budget():
+def test_a_long_prompt_is_read_only_to_its_budget():
     many = body(messages=[{"role": "user", "content": "x" * 100}] * 10_000)
-    assert len(prompt_prefix(many, max_chars=300)) == 300
+    assert len(read_prompt(many, max_chars=300).text) == 300
+    huge = read_prompt(body(prompt="y" * 5_000_000))
+    assert len(huge.text) == MAX_PROMPT_CHARS
+    assert len(block_keys(huge.text)) == MAX_PROMPT_CHARS // BLOCK_CHARS
+
+
+def test_block_keys_are_chained_full_blocks():
+    a = block_keys("a" * 256 + "b" * 256 + "c" * 100)
+    b = block_keys("a" * 256 + "x" * 256)
+    assert len(a) == 2 and a[0] == b[0] and a[1] != b[1]  # the partial block is not one
+    assert block_keys("z" * 256 + "b" * 256)[1] != a[1]  # a block's key depends on those before
 
 
 def test_every_router_maps_a_prefix_to_the_same_replica():
@@ -104,7 +129,8 @@ def placed_in_order(seed: int, keys: list[str | None]) -> list[str]:
 
     async def main() -> list[str]:
         for i, key in enumerate(keys):
-            asyncio.get_running_loop().create_task(h.router.assign(i, affinity=key))
+            affinity = None if key is None else Affinity(key)
+            asyncio.get_running_loop().create_task(h.router.assign(i, affinity=affinity))
             await settle()
         return [h.transport.where(i) for i in range(len(keys))]
 
@@ -132,7 +158,7 @@ def test_the_replica_an_affinity_key_chose_has_its_load_refreshed():
     home = next(HashRing([f"r{i}" for i in range(4)]).walk("k"))
 
     async def main() -> None:
-        asyncio.get_running_loop().create_task(h.router.assign("req", affinity="k"))
+        asyncio.get_running_loop().create_task(h.router.assign("req", affinity=Affinity("k")))
         await settle()
 
     h.run(main)

@@ -64,7 +64,10 @@ applications:
         placement_group_bundle_label_selector: [{zone: a}]
         max_replicas_per_node: 3
         logging_config: {log_level: WARNING}
-        request_router_config: {request_router_class: pkg.mod:Router}
+        request_router_config:
+          request_router_class: ray.serve.llm.request_router.PrefixCacheAffinityRouter
+          request_router_kwargs: {imbalanced_threshold: 20}
+          request_routing_stats_period_s: 5
         gang_scheduling_config: {gang_size: 2}
         deployment_actors: [{name: cache, actor_class: pkg.mod:Cache}]
         rolling_update_percentage: 0.5
@@ -97,8 +100,9 @@ SERVE_ONLY_PATHS = [
     *(f"applications[0].deployments[0].{f}" for f in (
         "graceful_shutdown_wait_loop_s", "placement_group_bundles", "placement_group_strategy",
         "placement_group_bundle_label_selector", "max_replicas_per_node", "logging_config",
-        "request_router_config", "gang_scheduling_config", "deployment_actors",
-        "rolling_update_percentage", "max_surge_percent")),
+        "request_router_config.request_router_kwargs.imbalanced_threshold",
+        "request_router_config.request_routing_stats_period_s", "gang_scheduling_config",
+        "deployment_actors", "rolling_update_percentage", "max_surge_percent")),
     *(f"applications[0].deployments[1].autoscaling_config.{f}" for f in (
         "metrics_interval_s", "smoothing_factor", "upscale_smoothing_factor",
         "downscale_smoothing_factor", "upscaling_factor", "downscaling_factor",

@@ -231,3 +231,28 @@ def test_async_check_health_raising_propagates():
 def test_call_maybe_async_passes_args_to_plain_callables():
     assert run(call_maybe_async(lambda a, b=0: a + b, 1, b=2)) == 3
     assert run(call_maybe_async(double_async, 4)) == 8
+
+
+class RoutingStats:
+    def __init__(self, stats) -> None:
+        self.stats = stats
+
+    def record_routing_stats(self):
+        if isinstance(self.stats, Exception):
+            raise self.stats
+        return self.stats
+
+
+class AsyncRoutingStats:
+    async def record_routing_stats(self):  # may wait: never called by a probe
+        return {"kv_cache_usage": 0.5}
+
+
+@pytest.mark.parametrize("target, args, usage", [
+    (RoutingStats, ({"kv_cache_usage": 0.4},), 0.4), (RoutingStats, ({},), None),
+    (RoutingStats, ({"kv_cache_usage": "high"},), None),
+    (RoutingStats, (RuntimeError("broken"),), None), (AsyncRoutingStats, (), None),
+    (double, (), None)])
+def test_kv_cache_use_comes_only_from_a_plain_routing_stats_hook(target, args, usage):
+    user = run(constructed(target, *args))
+    assert user.kv_cache_usage() == usage

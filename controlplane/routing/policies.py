@@ -1,0 +1,106 @@
+"""A deployment's routing policy (``request_router_config``), and the key a request carries
+for it.
+
+Policies (their config names):
+
+- ``p2c``: power of two choices on queue length, the default (Ray Serve's default router);
+- ``round_robin``: the next replica with room, in turn (a baseline for comparisons);
+- ``prefix``: prefix-cache affinity. The prompt's start goes to its replica on the hash
+  ring, within the bounded load (``prefix_affinity``); a prompt whose blocks this router
+  sent past its start to another replica (a conversation the bound once spilled) follows
+  them there (``prefix_index``); over the bound, by load (power of two choices);
+- ``kv_load``: power of two choices where a replica's score is its queue length plus its
+  engine's KV-cache use (0-1, from the replica's ``record_routing_stats``: for
+  ``VLLMServer``, what its health check last read of ``vllm:kv_cache_usage_perc``) times
+  ``max_ongoing_requests``: a replica whose cache is nearly full counts as nearly full;
+- ``prefix_kv``: ``prefix``, and by ``kv_load`` where prefix places nothing;
+- ``session``: the value of a request header (``session_header``) on the hash ring within
+  the bounded load: a session's requests go to one replica.
+
+The bounded load, ``balance_factor`` x (mean load + 1), is the fall-back threshold: past
+it a prefix spills to the next replica on its ring walk, and with every replica on the walk
+past it, to load. 1.25 keeps the busiest replica within about 1.25x the mean (the paper's
+bound, and HAProxy's ``hash-balance-factor 125`` on the HAProxy path), where unbounded
+affinity hot-spots the replica of a popular system prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.routing.prefix_affinity import (BLOCK_CHARS, DEFAULT_BALANCE_FACTOR, Prompt,
+                                                   block_keys, read_prompt)
+
+POLICIES = ("p2c", "round_robin", "prefix", "kv_load", "prefix_kv", "session")
+PROMPT_POLICIES = frozenset({"prefix", "prefix_kv"})
+KV_POLICIES = frozenset({"kv_load", "prefix_kv"})
+DEFAULT_SESSION_HEADER = "x-session-id"
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """What places a request before load does: a ring key, and a prompt's block keys."""
+
+    start: str  # on the hash ring
+    blocks: tuple[int, ...] = ()  # for the router's prefix index (prompt policies)
+    start_blocks: int = 0  # how many of ``blocks`` the start covers
+
+
+@dataclass(frozen=True)
+class RoutingPolicy:
+    name: str = "p2c"
+    balance_factor: float = DEFAULT_BALANCE_FACTOR
+    session_header: str = DEFAULT_SESSION_HEADER
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise ValueError(f"request_router_config.request_router_class: unknown policy "
+                             f"{self.name!r}; one of {', '.join(POLICIES)}")
+        if self.balance_factor < 1:
+            raise ValueError("request_router_kwargs.balance_factor must be >= 1")
+
+    @classmethod
+    def from_wire(cls, fields: dict | None) -> RoutingPolicy:
+        return cls(**fields) if fields else cls()
+
+    @property
+    def reads_prompt(self) -> bool:
+        return self.name in PROMPT_POLICIES
+
+    @property
+    def uses_kv(self) -> bool:
+        return self.name in KV_POLICIES
+
+    def of_http(self, headers: list[tuple[bytes, bytes]], body: bytes) -> Affinity | None:
+        """The affinity of an HTTP request: its prompt's or its session header's."""
+        if self.name == "session":
+            wanted = self.session_header.lower().encode()
+            for name, value in headers:
+                if name.lower() == wanted and value:
+                    return Affinity(value.decode("latin-1"))
+            return None
+        if self.reads_prompt:
+            return _of_prompt(read_prompt(body))
+        return None
+
+    def of_call(self, args: tuple, kwargs: dict) -> Affinity | None:
+        """The affinity of a handle call (prompt policies): its first argument, or its
+        ``request`` keyword, when that is an OpenAI request: a dict with ``prompt`` or
+        ``messages``, or an object with ``model_dump()`` giving one (Serve LLM's request
+        models). Anything else is placed by load."""
+        if not self.reads_prompt:
+            return None
+        request = args[0] if args else kwargs.get("request")
+        if hasattr(request, "model_dump") and not isinstance(request, dict):
+            try:
+                request = request.model_dump()
+            except Exception:  # a model that cannot dump: no key, placed by load
+                return None
+        return _of_prompt(read_prompt(request)) if isinstance(request, dict) else None
+
+
+def _of_prompt(prompt: Prompt | None) -> Affinity | None:
+    if prompt is None:
+        return None
+    return Affinity(prompt.start, block_keys(prompt.text), prompt.start_chars // BLOCK_CHARS)

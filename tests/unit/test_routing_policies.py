@@ -1,0 +1,168 @@
+"""The routing policies in a router (``request_router_config``): round robin, KV-aware
+power of two choices, prefix affinity with this router's index, session affinity; the key
+each request carries. Virtual time, a fake transport; no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import pytest
+from pydantic import BaseModel
+
+from controlplane.routing.policies import Affinity, RoutingPolicy
+from controlplane.routing.prefix_affinity import BLOCK_CHARS, HashRing
+from controlplane.routing.prefix_index import PrefixIndex
+from tests.unit.router_fakes import Harness, settle
+
+IDS = [f"r{i}" for i in range(4)]
+
+
+def placed(h: Harness, requests: list[tuple[str, Affinity | None]]) -> list[str]:
+    """Send each request (left running) one after another; where each went."""
+    async def main() -> list[str]:
+        for name, affinity in requests:
+            asyncio.get_running_loop().create_task(h.router.assign(name, affinity=affinity))
+            await settle()
+        return [h.transport.where(name) for name, _ in requests]
+
+    return h.run(main)
+
+
+def test_round_robin_takes_each_replica_in_turn_and_passes_over_a_full_one():
+    h = Harness()
+    h.make(replicas=4, max_ongoing=2, policy=RoutingPolicy("round_robin"))
+    assert placed(h, [(f"q{i}", None) for i in range(8)]) == IDS + IDS
+    h2 = Harness()
+    h2.make(replicas=3, max_ongoing=1, policy=RoutingPolicy("round_robin"))
+    h2.transport.others["r1"] = 1  # full, as a probe will say... once probed
+
+    async def main() -> list[str]:
+        h2.router._cache.probe_answered("r1", 1, h2.clock.monotonic())
+        for i in range(2):
+            asyncio.get_running_loop().create_task(h2.router.assign(f"q{i}"))
+            await settle()
+        return [h2.transport.where(f"q{i}") for i in range(2)]
+
+    assert h2.run(main) == ["r0", "r2"]
+
+
+def test_kv_load_prefers_the_replica_whose_engine_cache_is_emptier():
+    h = Harness()
+    h.make(replicas=2, max_ongoing=8, policy=RoutingPolicy("kv_load"))
+    h.transport.kv.update({"r0": 0.9, "r1": 0.1})
+
+    async def main() -> list[str]:
+        for i in range(2):  # the first two teach the router both replicas' KV use
+            asyncio.get_running_loop().create_task(h.router.assign(f"warm{i}"))
+            await settle()
+        for name in ("warm0", "warm1"):
+            h.transport.finish(name)
+        await settle()
+        for i in range(4):
+            asyncio.get_running_loop().create_task(h.router.assign(f"q{i}"))
+            await settle()
+        return [h.transport.where(f"q{i}") for i in range(4)]
+
+    # r0's 0.9 x 8 = 7.2 outweighs up to 7 more requests on r1
+    assert h.run(main) == ["r1"] * 4
+    p2c = Harness()
+    p2c.make(replicas=2, max_ongoing=8)  # the same without KV: both replicas take requests
+    assert set(placed(p2c, [(f"q{i}", None) for i in range(4)])) == {"r0", "r1"}
+
+
+def conversation(turns: int, start: str = "system: shared\nuser: hello\n") -> Affinity:
+    text = start + "".join(f"turn {t} " * 40 for t in range(turns))
+    from controlplane.routing.prefix_affinity import block_keys
+    return Affinity(start, block_keys(text), len(start) // BLOCK_CHARS)
+
+
+def test_a_conversation_the_bound_spilled_follows_its_blocks_in_this_router():
+    h = Harness()
+    h.make(replicas=4, max_ongoing=8, policy=RoutingPolicy("prefix"))
+    walk = list(HashRing(IDS).walk("system: shared\nuser: hello\n"))
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        # one request already on the start's replica: the bound (1 while m <= 2) spills
+        # turn 1 to the next on the walk
+        for name, affinity in (("other", Affinity("system: shared\nuser: hello\n")),
+                               ("turn1", conversation(3))):
+            loop.create_task(h.router.assign(name, affinity=affinity))
+            await settle()
+        for name in ("other", "turn1"):
+            h.transport.finish(name)
+        await settle()
+        loop.create_task(h.router.assign("turn2", affinity=conversation(6)))
+        await settle()
+        return [h.transport.where(name) for name in ("other", "turn1", "turn2")]
+
+    # the ring alone would send turn 2 to walk[0] (idle again); the index knows better
+    assert h.run(main) == [walk[0], walk[1], walk[1]]
+
+
+def test_a_fresh_router_places_a_conversation_on_its_starts_replica():
+    h = Harness()
+    h.make(replicas=4, max_ongoing=8, policy=RoutingPolicy("prefix"))
+    home = next(HashRing(IDS).walk("system: shared\nuser: hello\n"))
+    assert placed(h, [("turn2", conversation(6))]) == [home]
+
+
+def test_prefix_requests_over_the_bound_go_by_load_and_keep_the_fleet_even():
+    h = Harness()
+    h.make(replicas=4, max_ongoing=64, policy=RoutingPolicy("prefix"))
+    where = placed(h, [(f"q{i}", Affinity("one hot system prompt")) for i in range(40)])
+    counts = Counter(where)
+    assert max(counts.values()) <= 1.25 * (40 / 4) + 1  # the bounded load
+
+
+def test_the_session_policy_reads_its_header_and_nothing_else():
+    policy = RoutingPolicy("session", session_header="X-Chat")
+    assert policy.of_http([(b"x-chat", b"abc")], b"{}") == Affinity("abc")
+    assert policy.of_http([(b"x-other", b"abc")], b'{"prompt": "p"}') is None
+    assert RoutingPolicy("p2c").of_http([(b"x-session-id", b"abc")], b'{"prompt": "p"}') is None
+
+
+def test_a_prompt_policy_keys_http_bodies_and_handle_calls_alike():
+    policy = RoutingPolicy("prefix")
+    request = {"model": "m", "prompt": "p" * 600}
+    from_http = policy.of_http([], json.dumps(request).encode())
+    assert from_http == policy.of_call((request,), {}) == policy.of_call((), {"request": request})
+    assert len(from_http.blocks) == 2 and from_http.start == "p" * 600
+
+    class ChatRequest(BaseModel):  # as Serve LLM's request models dump
+        messages: list[dict]
+
+    chat = ChatRequest(messages=[{"role": "user", "content": "hi"}])
+    assert policy.of_call((chat,), {}).start == "user: hi\n"
+    assert policy.of_call(("a string",), {}) is None and policy.of_call((), {}) is None
+    assert policy.of_http([], b"not json") is None
+
+
+def test_an_unknown_policy_is_refused_naming_the_field_and_the_choices():
+    with pytest.raises(ValueError, match="request_router_class.*one of p2c, round_robin"):
+        RoutingPolicy("fastest")
+    assert RoutingPolicy.from_wire({}) == RoutingPolicy()
+
+
+# -- the index ---------------------------------------------------------------------------
+
+
+def test_the_index_finds_the_longest_run_and_forgets_least_recently_used_blocks():
+    index = PrefixIndex(blocks_per_replica=5)
+    index.insert("a", (1, 2, 3))
+    index.insert("b", (1, 2, 3, 4, 5))  # b read the same prompt further: it holds all now
+    assert index.match((1, 2, 3, 4, 9)) == ("b", 4)
+    assert index.match((7,)) == (None, 0)
+    index.insert("b", (6,))  # b's sixth block: its oldest (1) goes, as its engine evicts
+    assert index.match((1, 2)) == (None, 0) and index.match((2, 3)) == ("b", 2)
+    index.keep_only(["a"])
+    assert len(index) == 0
+
+
+def test_the_index_keeps_every_replicas_blocks_bounded():
+    index = PrefixIndex(blocks_per_replica=100)
+    for i in range(10_000):
+        index.insert(f"r{i % 4}", tuple(range(i * 10, i * 10 + 10)))
+    assert len(index) == 400
