@@ -58,6 +58,19 @@ def test_a_reload_is_due_when_the_routes_or_the_drain_changed():
     assert loaded.differs(wanted)
 
 
+def test_a_reload_is_due_when_a_deployments_routing_policy_changed():
+    import dataclasses
+
+    wanted, loaded = Wanted(), Loaded()
+    wanted.routes = loaded.routes = {"/web": "web/M"}
+    wanted.set_deployment("web/M", update("r1"))
+    loaded.balances = wanted.balances()
+    assert not loaded.differs(wanted) and loaded.balances == {WEB: ["    balance leastconn"]}
+    wanted.set_deployment("web/M", dataclasses.replace(
+        update("r1"), request_router=(("name", "prefix"),)))
+    assert loaded.differs(wanted)
+
+
 def test_with_phase_1_off_haproxy_hears_a_window_late():
     late = LateLeaving(window_s=2.0)
     assert late.not_yet(WEB, "s1", now=10.0)

@@ -6,6 +6,9 @@ application route, servers added at run time (dynamic servers, no reload per rep
 - ``retry-on conn-failure empty-response`` with ``option redispatch 1``: a connection a
   leaving replica refuses, or a replica that died before answering, is retried on another
   (a POST or PATCH the replica received is not replayed: 502);
+- each backend balanced as its deployment's routing policy says (``balance``: leastconn by
+  default, the prompt's start or a session header on a bounded consistent-hash ring), its
+  servers placed on the ring by an ``id`` from the replica id, the same on every node;
 - ``option httpchk GET /-/healthz`` on every server; ``maxconn`` per server is set when a
   server is added (``desired.server_maxconn``: the replica's slots, and with a bounded
   queue its queue and one more, so that the replica rejects an overflow itself, with the
@@ -47,6 +50,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from controlplane.ingress.haproxy.balance import server_id
 from controlplane.wire import HTTPLimits
 
 # A buffer this much over max_header_bytes takes a head at the limit with HAProxy's own
@@ -104,15 +108,18 @@ class Paths:
 def render(paths: Paths, host: str, port: int, routes: dict[str, str],
            servers: dict[str, dict[str, str]] | None = None,
            maxconn: dict[str, int] | None = None, timeout_server_s: float = 300.0,
-           draining: bool = False, limits: HTTPLimits = HTTPLimits()) -> str:
+           draining: bool = False, limits: HTTPLimits = HTTPLimits(),
+           balances: dict[str, list[str]] | None = None) -> str:
     """``routes``: route prefix -> "app/deployment" of the application's ingress;
     ``servers``: backend -> server -> "host:port", the members at this (re)load, written
     in so that a reload's new worker serves at once (later changes: runtime API);
+    ``balances``: backend -> its ``balance`` lines (``balance.balance_lines``; leastconn
+    for a backend without);
     ``draining``: the node drains, so ``/-/healthz`` (readiness) answers 503 while every
     other request is still served."""
     lines = [*_globals(paths, limits, timeout_server_s),
              *_frontend(host, port, routes, draining, limits),
-             *_backends(routes, servers or {}, maxconn or {}),
+             *_backends(routes, servers or {}, maxconn or {}, balances or {}),
              "backend be_metrics",
              f"    server ingress unix@{paths.metrics_socket}",
              "frontend exporter",
@@ -180,14 +187,16 @@ def _frontend(host: str, port: int, routes: dict[str, str], draining: bool,
 
 
 def _backends(routes: dict[str, str], servers: dict[str, dict[str, str]],
-              maxconn: dict[str, int]) -> list[str]:
+              maxconn: dict[str, int], balances: dict[str, list[str]]) -> list[str]:
     lines = []
     for key in sorted(set(routes.values())):
         backend = backend_name(key)
-        lines += [f"backend {backend}", "    balance leastconn",
+        lines += [f"backend {backend}",
+                  *balances.get(backend, ["    balance leastconn"]),
                   "    option httpchk GET /-/healthz",
                   "    default-server inter 1s fall 2 rise 1"]
-        lines += [f"    server {name} {address} check maxconn {max(1, maxconn.get(backend, 1))}"
+        lines += [f"    server {name} {address} id {server_id(name)} check "
+                  f"maxconn {max(1, maxconn.get(backend, 1))}"
                   for name, address in sorted(servers.get(backend, {}).items())]
     return lines
 

@@ -13,6 +13,7 @@ reads it in a thread: each read starts from a copy (``dict(...)`` copies under t
 from __future__ import annotations
 
 from controlplane.ingress.haproxy import membership
+from controlplane.ingress.haproxy.balance import balance_lines
 from controlplane.wire import RoutingUpdate
 
 EARLY_S = 10.0  # how long a replica added by a deregistration waits for the long-poll
@@ -61,6 +62,12 @@ class Wanted:
                 for k, u in dict(self._deployments).items()}
 
 
+    def balances(self) -> dict[str, list[str]]:
+        """Each backend's ``balance`` lines, from its deployment's routing policy."""
+        return {membership.backend_name(k): balance_lines(u.request_router)
+                for k, u in dict(self._deployments).items()}
+
+
 def server_maxconn(update: RoutingUpdate) -> int:
     """How many requests HAProxy sends one replica at once. A replica admits as a router
     does (its slots, then ``max_queued_requests`` waiting) and rejects beyond with the
@@ -78,11 +85,13 @@ class Loaded:
         self.routes: dict[str, str] | None = None  # what HAProxy's config has
         self.draining = False
         self.servers: membership.Servers = {}  # what the current worker has
+        self.balances: dict[str, list[str]] = {}  # each backend's balance lines
 
     def differs(self, wanted: Wanted) -> bool:
-        """Whether the config must be rendered again (a reload): routes or drain changed."""
+        """Whether the config must be rendered again (a reload): routes, drain, or a
+        backend's routing policy changed."""
         return (wanted.routes is not None and wanted.routes != self.routes) or \
-            wanted.draining != self.draining
+            wanted.draining != self.draining or wanted.balances() != self.balances
 
 
 class LateLeaving:

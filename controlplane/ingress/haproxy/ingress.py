@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 import uvicorn
@@ -129,11 +130,13 @@ class HAProxyIngress(Listener):
         wanted, loaded = self._wanted, self._loaded
         routes = dict(wanted.routes or {})
         servers = wanted.servers(loaded.servers, time.monotonic())
-        draining = wanted.draining
+        draining, balances = wanted.draining, wanted.balances()
         start_or_reload(render(self._process.paths, bind_host(self._http.host),
                                self._http.port, routes, servers, wanted.maxconn(),
-                               draining=draining, limits=self._http.limits()))
+                               draining=draining, limits=self._http.limits(),
+                               balances=balances))
         loaded.servers, loaded.routes, loaded.draining = servers, routes, draining
+        loaded.balances = balances
 
     # ---- desired state, from the long-polls ------------------------------------------
     def _on_routes(self, update: RoutesUpdate) -> None:
@@ -189,12 +192,23 @@ class HAProxyIngress(Listener):
     def _add(self, backend: str, server: str, address: str, current: list,
              maxconn: int) -> None:
         for worker in current:
-            for command in membership.add_commands(backend, server, address, maxconn):
-                answer = self._process.on_worker(worker, command).strip()
-                if answer and "registered" not in answer:
-                    logger.warning("HAProxy: %s: %s", command, answer)
+            if not self._added(worker, membership.add_commands(backend, server, address,
+                                                               maxconn)):
+                # most likely another server's id (1 in 2e9 a pair): HAProxy numbers it
+                self._added(worker, membership.add_commands(backend, server, address,
+                                                            maxconn, with_id=False))
         self._loaded.servers.setdefault(backend, {})[server] = address
         self._leaving.discard((backend, server))
+
+    def _added(self, worker: Any, commands: list[str]) -> bool:
+        """Run a server's add commands on a worker; False when HAProxy refused the add."""
+        for i, command in enumerate(commands):
+            answer = self._process.on_worker(worker, command).strip()
+            if answer and "registered" not in answer:
+                logger.warning("HAProxy: %s: %s", command, answer)
+                if i == 0:
+                    return False
+        return True
 
     def _leave(self, backend: str, server: str, workers: list) -> None:
         for worker in workers:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controlplane.ingress.haproxy.balance import server_id
 from controlplane.ingress.haproxy.config import backend_name, server_name  # noqa: F401 (re-exported)
 
 Servers = dict[str, dict[str, str]]  # backend -> server -> "host:port"
@@ -37,11 +38,15 @@ def diff(current: Servers, desired: Servers) -> Plan:
     return Plan(added, removed)
 
 
-def add_commands(backend: str, server: str, address: str, maxconn: int) -> list[str]:
+def add_commands(backend: str, server: str, address: str, maxconn: int,
+                 with_id: bool = True) -> list[str]:
+    """``with_id``: the server's ``id`` from its name, so that every node's HAProxy puts it
+    at one place on a hash ring (False only after an id collision: HAProxy numbers it)."""
     target = f"{backend}/{server}"
+    server_ref = f" id {server_id(server)}" if with_id else ""
     # The replica is RUNNING and passed its health check: UP at once, not after the
     # first HAProxy check (until then a new server would be DOWN: 503 with no other).
-    return [f"add server {target} {address} check maxconn {max(1, maxconn)}",
+    return [f"add server {target} {address}{server_ref} check maxconn {max(1, maxconn)}",
             f"enable health {target}", f"set server {target} health up",
             f"enable server {target}"]
 
