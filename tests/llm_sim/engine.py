@@ -10,7 +10,12 @@ The metrics are rendered by prometheus_client in vLLM's real names and labels
 ``process_start_time_seconds``, left out when the engine plays vLLM with several API servers.
 
 A request first spends ``prefill_steps`` steps reading its prompt (steps, no output tokens),
-then makes one output token per step until ``max_tokens``. Fault modes:
+then makes one output token per step until ``max_tokens``. With ``prefill_tokens_per_step``
+(token mode, ``prefix_cache.Calibration``) a request submitted with its prompt text reads
+that prompt's tokens instead, from a budget the running requests share each step (first
+come first), less the prefix ``cache`` holds (``prefix_cache.PrefixCache``), and the cache,
+the ``vllm:kv_cache_usage_perc`` gauge and the ``vllm:prefix_cache_queries``/``_hits``
+counters (tokens) follow. Fault modes:
 - ``stuck``: no more steps; running requests stay running, new ones wait;
 - ``wedged``: nothing runs and the waiting queue grows (seen on real vLLM, seeds/README.md);
 - ``no-metrics``: /metrics answers 404 (the server layer reads ``fault``);
@@ -29,6 +34,8 @@ from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, Gaug
                                     HistogramMetricFamily)
 from prometheus_client.exposition import generate_latest
 
+from tests.llm_sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_keys, prompt_tokens
+
 FAULTS = ("none", "stuck", "wedged", "no-metrics", "dead")
 RESTART_ERROR = "cannot schedule new futures after shutdown"  # what seed 001's clients saw
 # vLLM's iteration-token buckets follow its CUDA-graph capture sizes; these are close enough.
@@ -43,6 +50,9 @@ class SimRequest:
     output_tokens: int = 0
     error: str | None = None
     on_finish: Callable[["SimRequest"], None] | None = None
+    prompt_tokens: int = 0             # token mode: the prompt's length in tokens
+    prompt_left: int = 0               # token mode: tokens still to read (set when scheduled)
+    blocks: tuple[int, ...] = ()       # token mode: the prompt's block keys
 
     @property
     def done(self) -> bool:
@@ -51,13 +61,16 @@ class SimRequest:
     @property
     def steps_left(self) -> int:
         """Steps it still needs once it holds a slot."""
-        return self.prefill_steps + self.max_tokens - self.output_tokens
+        return self.prefill_steps + self.prompt_tokens + self.max_tokens - self.output_tokens
 
 
 class SimEngine:
     def __init__(self, model: str, slots: int, wall: Callable[[], float],
-                 publish_start_time: bool = True, prefill_chunk_tokens: int = 512) -> None:
+                 publish_start_time: bool = True, prefill_chunk_tokens: int = 512,
+                 prefill_tokens_per_step: int = 0, cache_blocks: int = 4096) -> None:
         self.model = model
+        self.prefill_tokens_per_step = prefill_tokens_per_step  # 0: step mode
+        self.cache_blocks = cache_blocks
         self.slots = slots
         self.publish_start_time = publish_start_time
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -74,6 +87,7 @@ class SimEngine:
         self.bucket_counts = [0] * len(BUCKETS)  # per bucket, not cumulative
         self.generation_tokens = 0
         self.prompt_tokens = 0
+        self.cache = PrefixCache(self.cache_blocks)  # a new process caches nothing
         self.running: list[SimRequest] = []
         self.waiting: deque[SimRequest] = deque()
 
@@ -92,11 +106,23 @@ class SimEngine:
         return len(self.running) + len(self.waiting) < self.slots
 
     def submit(self, max_tokens: int, prefill_steps: int = 0, internal: bool = False,
-               on_finish: Callable[[SimRequest], None] | None = None) -> SimRequest:
+               on_finish: Callable[[SimRequest], None] | None = None,
+               prompt: str | None = None) -> SimRequest:
         request = SimRequest(max(1, max_tokens), max(0, prefill_steps), internal,
                              on_finish=on_finish)
+        if prompt is not None and self.prefill_tokens_per_step:
+            request.prefill_steps = 0
+            request.prompt_tokens = prompt_tokens(prompt)
+            request.blocks = block_keys(prompt)
         self.waiting.append(request)
         return request
+
+    def kv_cache_usage(self) -> float:
+        """Blocks the running requests hold over the cache's blocks (vLLM's gauge: cached
+        blocks no request holds count as free)."""
+        held = sum(-(-(r.prompt_tokens + r.output_tokens) // BLOCK_TOKENS)
+                   for r in self.running)
+        return min(1.0, held / max(1, self.cache.capacity_blocks))
 
     def abort(self, request: SimRequest) -> None:
         """The client went away (vLLM aborts such a request)."""
@@ -110,12 +136,18 @@ class SimEngine:
         if self.fault in ("stuck", "wedged", "dead"):
             return False
         while self.waiting and len(self.running) < self.slots:
-            self.running.append(self.waiting.popleft())
+            self._schedule(self.waiting.popleft())
         if not self.running:
             return False  # vLLM takes no steps while it has nothing to do
-        tokens = 0
+        tokens, budget = 0, self.prefill_tokens_per_step
         for request in list(self.running):
-            tokens += self._advance(request)
+            if request.prompt_left > 0:  # token mode: reading the prompt from the budget
+                read = min(budget, request.prompt_left)
+                budget -= read
+                tokens += read
+                self._read_prompt(request, read)
+            else:
+                tokens += self._advance(request)
         self.steps += 1
         self.iteration_tokens_sum += tokens
         self.bucket_counts[_bucket_index(tokens)] += 1
@@ -128,6 +160,20 @@ class SimEngine:
             if request.done or not self.step():
                 break
         return request.done
+
+    def _schedule(self, request: SimRequest) -> None:
+        """A slot for it: in token mode, what it must read is its prompt less the prefix
+        the cache holds."""
+        if request.prompt_tokens:
+            request.prompt_left = request.prompt_tokens - self.cache.lookup(
+                request.blocks, request.prompt_tokens)
+        self.running.append(request)
+
+    def _read_prompt(self, request: SimRequest, tokens: int) -> None:
+        request.prompt_left -= tokens
+        self.prompt_tokens += tokens
+        if request.prompt_left == 0:
+            self.cache.insert(request.blocks)
 
     def _advance(self, request: SimRequest) -> int:
         if request.prefill_steps > 0:  # reading the prompt: a step, no output token
@@ -208,9 +254,22 @@ class _Families:
                                      "Number of prefill tokens processed.", labels=names)
         prompt.add_metric(values, e.prompt_tokens)
         yield from (running, waiting, generation, prompt, self._iteration_tokens(names, values))
+        yield from self._cache_families(names, values)
         if e.publish_start_time:
             yield GaugeMetricFamily("process_start_time_seconds", "Start time of the process "
                                     "since unix epoch in seconds.", value=e.start_time_s)
+
+    def _cache_families(self, names: list[str], values: list[str]):
+        usage = GaugeMetricFamily("vllm:kv_cache_usage_perc",
+                                  "KV-cache usage. 1 means 100 percent usage.", labels=names)
+        usage.add_metric(values, self._e.kv_cache_usage())
+        queries = CounterMetricFamily("vllm:prefix_cache_queries", "Prefix cache queries, in "
+                                      "terms of number of queried tokens.", labels=names)
+        queries.add_metric(values, self._e.cache.queries_tokens)
+        hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in terms of "
+                                   "number of cached tokens.", labels=names)
+        hits.add_metric(values, self._e.cache.hits_tokens)
+        return usage, queries, hits
 
     def _iteration_tokens(self, names: list[str], values: list[str]) -> HistogramMetricFamily:
         family = HistogramMetricFamily("vllm:iteration_tokens_total",

@@ -32,6 +32,7 @@ import time
 from aiohttp import web
 
 from tests.llm_sim.engine import SimEngine, SimRequest
+from tests.llm_sim.prefix_cache import prompt_text
 
 _MAX_STEPS_PER_CALL = 100_000  # the call blocks the server while it steps
 _COUNTERS = ("completions", "completions_while_full", "completions_while_busy", "metrics_reads",
@@ -97,7 +98,7 @@ class SimServer:
         has_room = self.engine.has_room
         sim_request = self.engine.submit(int(body.get("max_tokens") or 16),
                                          int(body.get("prefill_steps", self.prefill_steps)),
-                                         on_finish=finished)
+                                         on_finish=finished, prompt=prompt_text(body))
         if self.step_period_s is None and has_room:  # manual: a free slot answers at once
             self.engine.step_until_done(sim_request, sim_request.steps_left)
         if body.get("stream"):
@@ -196,7 +197,9 @@ class SimServer:
         e = self.engine
         return {**self.counters, "running": len(e.running), "waiting": len(e.waiting),
                 "slots": e.slots, "steps": e.steps, "generation_tokens": e.generation_tokens,
-                "fault": e.fault, "restarts": e.restarts, "pid": os.getpid()}
+                "fault": e.fault, "restarts": e.restarts, "pid": os.getpid(),
+                "prompt_tokens": e.prompt_tokens, "cache_queries_tokens": e.cache.queries_tokens,
+                "cache_hits_tokens": e.cache.hits_tokens, "cached_blocks": len(e.cache)}
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
@@ -215,8 +218,9 @@ def _stream_chunk(model: str, request: SimRequest, tokens: int, chat: bool) -> d
 
 def _completion_body(model: str, result: SimRequest, chat: bool) -> dict:
     text = " tok" * result.output_tokens
-    usage = {"prompt_tokens": 1, "completion_tokens": result.output_tokens,
-             "total_tokens": 1 + result.output_tokens}
+    prompt = max(1, result.prompt_tokens)
+    usage = {"prompt_tokens": prompt, "completion_tokens": result.output_tokens,
+             "total_tokens": prompt + result.output_tokens}
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
                   "finish_reason": "length"}
