@@ -78,6 +78,8 @@ def _entry(d: Reported, status: str) -> dict:
         "version": d.spec.code_version,
         "serving_version": d.rollout.serving.code_version,  # differs after a rollback
         "autoscaling": d.autoscaler.active,
+        # request_router_config's policy (routing/policies.py); p2c for a spec without
+        "routing_policy": (getattr(d.spec, "request_router", None) or {}).get("name", "p2c"),
         "push_health": {"tracked": health.tracked, "stall_state": health.stall_state,
                         "stall_held": health.stall_held},
         "replica_counts": {s.value: replicas.count(s) for s in _SHOWN_STATES},

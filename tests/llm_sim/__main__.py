@@ -35,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
                    "running requests (GB10 calibration: 73 at 23.2 steps/s); 0: --prefill-steps")
     p.add_argument("--cache-blocks", type=int, default=4096,
                    help="prefix cache size in 16-token blocks (LRU), token mode")
+    p.add_argument("--stream-interval-s", type=float, default=0.0,
+                   help="a stream's chunks after the first token at most this often "
+                   "(default: every step that made tokens)")
     p.add_argument("--fault", choices=FAULTS, default="none", help="fault mode at start")
     p.add_argument("--no-start-time", action="store_true",
                    help="publish no process_start_time_seconds (vLLM with several API servers)")
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("simulated engine failure at start", file=sys.stderr)
         return 3
-    server = SimServer(engine, args.step_rate_hz, args.prefill_steps)
+    server = SimServer(engine, args.step_rate_hz, args.prefill_steps, args.stream_interval_s)
     web.run_app(server.app(), host=args.host, port=args.port, print=None,
                 handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     return 0

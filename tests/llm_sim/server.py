@@ -19,7 +19,7 @@ to queue waits for ``/sim/step`` (or its client's timeout).
   out of work, none in the ``stuck``/``wedged`` faults); works at any step rate;
 - ``GET /sim/stats``: counters, among them ``completions_while_full``, the completion
   requests received while every slot was taken: the number the health check must keep at 0;
-- ``POST /sim/reset``: drop all requests, clear the fault and the counters.
+- ``POST /sim/reset``: drop all requests, clear the fault, the counters and the prefix cache.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from aiohttp import web
 
 from tests.llm_sim.engine import SimEngine, SimRequest
-from tests.llm_sim.prefix_cache import prompt_text
+from tests.llm_sim.prefix_cache import PrefixCache, prompt_text
 
 _MAX_STEPS_PER_CALL = 100_000  # the call blocks the server while it steps
 _COUNTERS = ("completions", "completions_while_full", "completions_while_busy", "metrics_reads",
@@ -40,12 +40,14 @@ _COUNTERS = ("completions", "completions_while_full", "completions_while_busy", 
 
 
 class SimServer:
-    def __init__(self, engine: SimEngine, step_rate_hz: float, prefill_steps: int) -> None:
+    def __init__(self, engine: SimEngine, step_rate_hz: float, prefill_steps: int,
+                 stream_interval_s: float = 0.0) -> None:
         if step_rate_hz < 0:
             raise ValueError("step_rate_hz must be 0 (steps only when told) or above")
         self.engine = engine
         self.step_period_s = 1.0 / step_rate_hz if step_rate_hz else None  # None: manual
         self.prefill_steps = prefill_steps
+        self.stream_interval_s = stream_interval_s  # after the first token: coalesce chunks
         self.counters = dict.fromkeys(_COUNTERS, 0)
 
     def app(self) -> web.Application:
@@ -129,7 +131,10 @@ class SimServer:
                     sent = sim_request.output_tokens
                 if finished:
                     break
-                await asyncio.wait([done], timeout=self.step_period_s or 0.01)
+                wait_s = self.step_period_s or 0.01
+                if sent:  # the first token went at once; later ones at most this often
+                    wait_s = max(wait_s, self.stream_interval_s)
+                await asyncio.wait([done], timeout=wait_s)
         except (asyncio.CancelledError, ConnectionResetError):
             self.engine.abort(sim_request)
             raise
@@ -190,6 +195,7 @@ class SimServer:
 
     async def reset(self, request: web.Request) -> web.Response:
         self.engine.clear()
+        self.engine.cache = PrefixCache(self.engine.cache_blocks)
         self.counters = dict.fromkeys(_COUNTERS, 0)
         return web.json_response(self._stats())
 

@@ -1,0 +1,199 @@
+"""LLM-aware routing against power of two choices, on simulated GB10 engines.
+
+``python -m release_tests.llm_routing [--quick] [--smoke] [--replicas 8] [--speedup 8]``
+starts an embedded Ray and a fleetplane instance serving ``VLLMServer`` replicas whose
+engine is the simulator in token mode (``tests/llm_sim``: a prefix cache of
+``--cache-blocks`` 16-token blocks, LRU; prompts read at 73 tokens a step; 4 sequences;
+``prefix_cache.Calibration``: vLLM's DGX Spark guide, Nemotron-3-Super-120B-A12B-NVFP4),
+its clock ``--speedup`` times GB10's so that a run takes minutes (latencies below are the
+sped-up ones; divide rates, multiply times by the speedup for GB10's). Then, for each
+ingress (the proxy, two per node as by default; HAProxy) and workload
+(``llm_workloads``: ``shared_prefix``, ``random``):
+
+1. capacity: the requests per second power of two choices completes with every slot and
+   queue busy (a closed loop of replicas x max_ongoing_requests clients);
+2. for each policy (p2c, round_robin, prefix, kv_load, prefix_kv), set live by a redeploy
+   of ``request_router_config``, and each load (0.5, 0.8, 1.0 x that capacity), Poisson
+   arrivals for ``--seconds`` after a warm-up (engines reset, caches empty, before each):
+   TTFT p50/p99, end-to-end p99, throughput, the engines' prefix-cache hit rate
+   (``vllm:prefix_cache_hits`` / ``_queries``), max/mean requests per replica;
+3. throughput at equal p99 (shared prefix): p2c's end-to-end p99 at 0.8 is the budget;
+   each of p2c, prefix and prefix_kv is driven at rising loads until its p99 passes it;
+   its best throughput within it.
+
+Then two proxies against one (prefix, shared prefix, 0.8: the routers of two proxies
+place alike, or the hit rate falls) and the routing decision's cost in-process (parse and
+place, 64 replicas, the workload's bodies). ``--quick``: the 0.8 load only. ``--smoke``:
+2 replicas, the proxy, the shared workload, p2c and prefix, seconds. Records the summary
+with ``release_tests.results.record``; the last line is the JSON the issue asks for:
+``{WORKLOAD: {INGRESS: {POLICY: {LOAD: {...}}}}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from release_tests.llm_fleet import SimFleet
+from release_tests.llm_load import closed_loop, open_loop
+from release_tests.llm_routing_stats import decision_cost, point_stats, within_budget
+from release_tests.llm_workloads import WORKLOADS, workload
+from release_tests.results import parse_args, record
+
+POLICIES = ("p2c", "round_robin", "prefix", "kv_load", "prefix_kv")
+LOADS = (0.5, 0.8, 1.0)
+RAMP = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
+SMOKE = {"replicas": 2, "ingresses": "proxy", "workloads": "shared_prefix",
+         "policies": "p2c,prefix", "loads": "0.8", "seconds": 4.0, "warmup_s": 2.0,
+         "capacity_s": 4.0, "ramp": False, "agreement": False, "decisions": 200}
+
+
+def run_point(fleet: SimFleet, name: str, rate: float, args, seed: int) -> tuple[dict, list]:
+    """One open-loop point: engines reset, a warm-up, then ``args.seconds`` measured."""
+    fleet.reset_engines()
+    load = workload(name, seed)
+    asyncio.run(open_loop(fleet.base_url, load, rate, args.warmup_s, seed))
+    before = fleet.engine_stats()
+    outcomes = asyncio.run(open_loop(fleet.base_url, load, rate, args.seconds, seed + 1))
+    return point_stats(outcomes, before, fleet.engine_stats(), args.seconds), outcomes
+
+
+def capacity(fleet: SimFleet, name: str, args) -> float:
+    fleet.set_policy("p2c")
+    fleet.reset_engines()
+    load = workload(name, 0)
+    clients = args.replicas * fleet.max_ongoing
+    asyncio.run(closed_loop(fleet.base_url, load, clients, args.warmup_s))
+    outcomes = asyncio.run(closed_loop(fleet.base_url, load, clients, args.capacity_s))
+    return sum(o.ok for o in outcomes) / args.capacity_s
+
+
+def grid(fleet: SimFleet, ingress: str, args, results: dict, rows: list, capacities: dict):
+    for name in args.workloads:
+        cap = capacities[(name, ingress)] = capacity(fleet, name, args)
+        print(f"[{ingress}] {name}: p2c capacity {cap:.2f} req/s", flush=True)
+        for policy in args.policies:
+            fleet.set_policy(policy)
+            for load in args.loads:
+                stats, outcomes = run_point(fleet, name, cap * load, args, seed=int(load * 100))
+                results.setdefault(name, {}).setdefault(ingress, {}).setdefault(
+                    policy, {})[str(load)] = stats
+                rows += [{"workload": name, "ingress": ingress, "policy": policy,
+                          "load": load, **vars(o)} for o in outcomes]
+                print(f"[{ingress}] {name} {policy} x{load}: {_line(stats)}", flush=True)
+
+
+def ramp(fleet: SimFleet, ingress: str, args, results: dict, capacities: dict) -> dict:
+    """Throughput within p2c's p99 at 0.8, per policy (shared prefix)."""
+    reference = results["shared_prefix"][ingress]["p2c"].get("0.8")
+    if reference is None or not args.ramp:
+        return {}
+    budget_ms, cap, out = reference["e2e_p99_ms"], capacities[("shared_prefix", ingress)], {}
+    for policy in ("p2c", "prefix", "prefix_kv"):
+        fleet.set_policy(policy)
+        points = [results["shared_prefix"][ingress][policy]["0.8"]]
+        for load in RAMP:
+            stats, _ = run_point(fleet, "shared_prefix", cap * load, args, seed=int(load * 100))
+            points.append({**stats, "load": load})
+            print(f"[{ingress}] ramp {policy} x{load}: {_line(stats)}", flush=True)
+            if not within_budget(stats, budget_ms):
+                break
+        out[policy] = {"budget_e2e_p99_ms": budget_ms, "points": points,
+                       "throughput_rps": max((p["throughput_rps"] for p in points
+                                              if within_budget(p, budget_ms)), default=0.0)}
+    return out
+
+
+def agreement(args, capacities: dict) -> dict:
+    """prefix, shared prefix, 0.8: one proxy per node against two."""
+    out = {}
+    for proxies in (1, 2):
+        with SimFleet(args, "proxy", proxies_per_node=proxies) as fleet:
+            fleet.set_policy("prefix")
+            rate = capacities[("shared_prefix", "proxy")] * 0.8
+            out[str(proxies)], _ = run_point(fleet, "shared_prefix", rate, args, seed=80)
+            print(f"[proxy x{proxies}] prefix x0.8: {_line(out[str(proxies)])}", flush=True)
+    return out
+
+
+def _line(s: dict) -> str:
+    return (f"TTFT p50 {s['ttft_p50_ms']:.0f} ms p99 {s['ttft_p99_ms']:.0f} ms, e2e p99 "
+            f"{s['e2e_p99_ms']:.0f} ms, {s['throughput_rps']:.2f} req/s, hit "
+            f"{s['hit_rate']:.2f}, max/mean {s['max_mean_load']:.2f}, failed {s['failed']}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", type=int, default=8)
+    p.add_argument("--speedup", type=float, default=8.0,
+                   help="the simulated engines' clock against GB10's")
+    p.add_argument("--cache-blocks", type=int, default=4096,
+                   help="each engine's prefix cache, 16-token blocks (4096: 64K tokens)")
+    p.add_argument("--ingresses", default="proxy,haproxy")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--loads", default=",".join(map(str, LOADS)))
+    p.add_argument("--seconds", type=float, default=20.0, help="measured per point")
+    p.add_argument("--warmup-s", type=float, default=5.0)
+    p.add_argument("--capacity-s", type=float, default=15.0)
+    p.add_argument("--decisions", type=int, default=5000)
+    p.add_argument("--port", type=int, default=8050)
+    p.add_argument("--no-ramp", dest="ramp", action="store_false")
+    p.add_argument("--no-agreement", dest="agreement", action="store_false")
+    p.add_argument("--quick", action="store_true", help="the 0.8 load only")
+    p.add_argument("--smoke", action="store_true", help="what the test suite runs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(_parser(), SMOKE, argv)
+    for name in ("ingresses", "workloads", "policies"):
+        setattr(args, name, getattr(args, name).split(","))
+    args.loads = [0.8] if args.quick else [float(x) for x in args.loads.split(",")]
+    from controlplane.instance import start_local_ray
+    start_local_ray()
+    results, rows, capacities, ramps = {}, [], {}, {}
+    for ingress in args.ingresses:
+        with SimFleet(args, ingress) as fleet:
+            grid(fleet, ingress, args, results, rows, capacities)
+            ramps[ingress] = ramp(fleet, ingress, args, results, capacities)
+    agree = agreement(args, capacities) if args.agreement else {}
+    decisions = {policy: decision_cost(policy, args.decisions) for policy in args.policies}
+    _add_decisions(results, decisions)
+    summary = {"results": results, "capacity_rps": {f"{w}/{i}": c for (w, i), c
+                                                     in capacities.items()},
+               "throughput_at_equal_p99": ramps, "two_proxies": agree,
+               "decision_ms_64_replicas": decisions, "setup": fleet_setup(args)}
+    path = record("llm_routing", summary, rows, smoke=args.smoke, argv=argv)
+    print(f"results: {path}")
+    print(json.dumps(results))
+    return 0
+
+
+def _add_decisions(results: dict, decisions: dict) -> None:
+    """Every point carries its policy's decision p99 (the proxy's; HAProxy's own choice
+    is not measured here: None)."""
+    for ingresses in results.values():
+        for ingress, policies in ingresses.items():
+            for policy, loads in policies.items():
+                for stats in loads.values():
+                    stats["decision_p99_ms"] = (decisions[policy]["p99_ms"]
+                                                if ingress == "proxy" else None)
+
+
+def fleet_setup(args) -> dict:
+    from tests.llm_sim.prefix_cache import GB10
+    return {"replicas": args.replicas, "speedup": args.speedup,
+            "cache_blocks": args.cache_blocks, "slots": GB10.slots,
+            "max_ongoing_requests": 8, "steps_per_s": round(args.speedup / GB10.step_s, 1),
+            "prefill_tokens_per_step": GB10.prefill_tokens_per_step,
+            "seconds": args.seconds, "warmup_s": args.warmup_s, "loads": args.loads,
+            "calibration": "vLLM DGX Spark guide (June 2026): Nemotron-3-Super-120B-A12B-NVFP4 "
+                           "on one GB10, --max-num-seqs 4"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
