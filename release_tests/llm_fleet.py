@@ -53,7 +53,7 @@ class SimFleet:
                    "--model", "{model}", "--slots", "{max_num_seqs}"]
         extra = ["--step-rate-hz", f"{a.speedup / GB10.step_s:.1f}",
                  "--prefill-tokens-per-step", str(GB10.prefill_tokens_per_step),
-                 "--cache-blocks", str(a.cache_blocks), "--stream-interval-s", "0.05"]
+                 "--cache-blocks", str(a.cache_blocks), "--stream-interval-s", "0.2"]
         deployment = {"name": DEPLOYMENT, "num_replicas": a.replicas,
                       "max_ongoing_requests": MAX_ONGOING, "health_check_period_s": 1.0,
                       "ray_actor_options": {"num_cpus": 0},

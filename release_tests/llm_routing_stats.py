@@ -83,3 +83,61 @@ def decision_cost(policy_name: str, decisions: int, replicas: int = 64) -> dict:
     return {"p50_ms": percentile(took, 0.5) * 1000, "p99_ms": percentile(took, 0.99) * 1000,
             "replicas": replicas, "decisions": decisions,
             "mean_body_kib": statistics.fmean(len(b) for b in bodies) / 1024}
+
+
+PREFIX_POLICIES = ("prefix", "prefix_kv")
+
+
+def criteria(results: dict, ramps: dict, agree: dict, decisions: dict) -> list[dict]:
+    """The issue's bars, each with what was measured and whether it was met."""
+    out = []
+    shared = results.get("shared_prefix", {})
+    for ingress, policies in shared.items():
+        base = policies.get("p2c", {}).get("0.8")
+        best = _best(policies, "ttft_p50_ms")
+        if base and best:
+            cut = 1 - best[1] / base["ttft_p50_ms"]
+            out.append(_bar(f"shared prefix, {ingress}, 0.8: TTFT p50 cut against p2c "
+                            f"({best[0]})", ">= 50%", f"{cut:.0%}", cut >= 0.5))
+        ramp = ramps.get(ingress) or {}
+        if ramp.get("p2c") and any(p in ramp for p in PREFIX_POLICIES):
+            name = max((p for p in PREFIX_POLICIES if p in ramp),
+                       key=lambda p: ramp[p]["throughput_rps"])
+            base_rps = ramp["p2c"]["throughput_rps"]
+            ratio = ramp[name]["throughput_rps"] / base_rps if base_rps else float("inf")
+            out.append(_bar(f"shared prefix, {ingress}: throughput within p2c's p99 at 0.8 "
+                            f"({name} against p2c)", ">= 1.4x", f"{ratio:.2f}x", ratio >= 1.4))
+    for ingress, policies in results.get("random", {}).items():
+        base = policies.get("p2c", {}).get("0.8")
+        if base:
+            worst = max(((p, l["0.8"]["ttft_p99_ms"]) for p, l in policies.items()
+                         if p != "p2c" and "0.8" in l), key=lambda x: x[1], default=None)
+            if worst:
+                worse = worst[1] / base["ttft_p99_ms"] - 1
+                out.append(_bar(f"random, {ingress}, 0.8: the worst policy's TTFT p99 against "
+                                f"p2c ({worst[0]})", "<= +5%", f"{worse:+.0%}", worse <= 0.05))
+    loads = [s["max_mean_load"] for w in results.values() for i in w.values()
+             for p in i.values() for s in p.values()]
+    if loads:
+        out.append(_bar("max/mean requests per replica, every run", "<= 1.5",
+                        f"{max(loads):.2f}", max(loads) <= 1.5))
+    if decisions:
+        worst = max(d["p99_ms"] for d in decisions.values())
+        out.append(_bar("routing decision p99 at 64 replicas (parse + place), worst policy",
+                        "<= 1 ms", f"{worst:.3f} ms", worst <= 1.0))
+    if "1" in agree and "2" in agree:
+        drop = agree["1"]["hit_rate"] - agree["2"]["hit_rate"]
+        out.append(_bar("cache-hit rate, two proxies against one (prefix, shared, 0.8)",
+                        "within 5 points", f"{agree['1']['hit_rate']:.1%} -> "
+                        f"{agree['2']['hit_rate']:.1%}", abs(drop) <= 0.05))
+    return out
+
+
+def _best(policies: dict, key: str) -> tuple[str, float] | None:
+    found = [(p, policies[p]["0.8"][key]) for p in PREFIX_POLICIES
+             if "0.8" in policies.get(p, {})]
+    return min(found, key=lambda x: x[1]) if found else None
+
+
+def _bar(what: str, goal: str, measured: str, met: bool) -> dict:
+    return {"criterion": what, "goal": goal, "measured": measured, "met": met}

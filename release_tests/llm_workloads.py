@@ -6,12 +6,15 @@ prompt of T tokens is T words.
 
 - ``shared_prefix``: the traffic prefix caching is for.
   * 60% multi-turn chats: one of ``SYSTEM_PROMPTS`` long system prompts, then turns of a
-    user message (documents pasted in: 150-600 tokens) and the assistant's reply, sent in
-    order: a session's next turn only after its previous answer arrived (its prompt holds
-    the whole conversation so far, with that answer as the simulator words it);
+    user message (documents pasted in: 300-1,200 tokens) and the assistant's reply, sent in
+    order: a session's next turn only once its previous answer arrived and its user has
+    read it (``THINK_S``, GB10 seconds: many users' sessions are open at once, as in a
+    chat service), its prompt the whole conversation so far, with that answer as the
+    simulator words it;
   * 40% few-shot completions: one of ``TEMPLATES`` long templates and a short question.
 - ``random``: single-turn chats, each with its own system prompt and message (no prefix
-  shared beyond the chat template), as long as the shared workload's prompts.
+  shared beyond the chat template), about as long as the shared workload's prompts on
+  average (1,500 + 500-4,500 tokens).
 
 Replies are short (16-48 tokens: classifications, extractions, tool calls): the
 prefill-heavy shape where the cached prefix is most of the work; a chat with long answers
@@ -21,16 +24,19 @@ gains less.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 SYSTEM_PROMPTS, SYSTEM_TOKENS = 4, 1500
 TEMPLATES, TEMPLATE_TOKENS = 8, 2500
-TURNS = (2, 6)
-USER_TOKENS = (150, 600)
+TURNS = (3, 8)
+USER_TOKENS = (300, 1200)
+RANDOM_USER_TOKENS = (500, 4500)  # a random prompt about as long as a shared one, on average
 QUESTION_TOKENS = (20, 80)
 OUTPUT_TOKENS = (16, 48)
 CHAT_SHARE = 0.6
+THINK_S = (10.0, 30.0)  # a user reading an answer and typing the next turn, GB10 seconds
 WORKLOADS = ("shared_prefix", "random")
 MODEL = "routing-sim"
 
@@ -65,11 +71,14 @@ class Session:
     turns_left: int
     busy: bool = False
     id: int = 0
+    ready_at: float = 0.0  # its user sends the next turn from then
 
 
 @dataclass
 class SharedPrefix:
     rng: random.Random
+    clock: Callable[[], float] = time.monotonic
+    think_scale: float = 1.0  # think times are divided by the engines' speedup
     systems: list[str] = field(default_factory=list)
     templates: list[str] = field(default_factory=list)
     sessions: list[Session] = field(default_factory=list)
@@ -96,7 +105,8 @@ class SharedPrefix:
         return LLMRequest("/v1/chat/completions", body, session)
 
     def _idle_session(self) -> Session:
-        idle = [s for s in self.sessions if not s.busy]
+        now = self.clock()
+        idle = [s for s in self.sessions if not s.busy and s.ready_at <= now]
         if idle:
             return self.rng.choice(idle)
         self.started += 1
@@ -111,6 +121,7 @@ class SharedPrefix:
         if session is None:
             return
         session.busy = False
+        session.ready_at = self.clock() + self.rng.uniform(*THINK_S) / self.think_scale
         if ok:
             session.messages.append({"role": "assistant",
                                      "content": reply(request.body["max_tokens"])})
@@ -125,7 +136,7 @@ class RandomPrompts:
     def next(self) -> LLMRequest:
         rng = self.rng
         messages = [{"role": "system", "content": words(rng, SYSTEM_TOKENS)},
-                    {"role": "user", "content": words(rng, rng.randint(*USER_TOKENS))}]
+                    {"role": "user", "content": words(rng, rng.randint(*RANDOM_USER_TOKENS))}]
         return LLMRequest("/v1/chat/completions",
                           {"model": MODEL, "messages": messages,
                            "max_tokens": rng.randint(*OUTPUT_TOKENS), "stream": True})
@@ -134,6 +145,9 @@ class RandomPrompts:
         pass
 
 
-def workload(name: str, seed: int) -> SharedPrefix | RandomPrompts:
+def workload(name: str, seed: int, speedup: float = 1.0,
+             clock: Callable[[], float] = time.monotonic) -> SharedPrefix | RandomPrompts:
     rng = random.Random(f"{name}-{seed}")
-    return SharedPrefix(rng) if name == "shared_prefix" else RandomPrompts(rng)
+    if name == "shared_prefix":
+        return SharedPrefix(rng, clock, think_scale=speedup)
+    return RandomPrompts(rng)

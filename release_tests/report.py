@@ -77,6 +77,9 @@ SECTIONS = [
     ("llm_day", "An LLM server's day: the health check against seed 001",
      "A simulated vLLM engine through the day seed 001 tells (bursts, long prefills, JIT "
      "stalls), the health check and restart policy under a fake clock."),
+    ("llm_routing", "LLM-aware routing on simulated GB10 engines",
+     "Prefix-cache and KV-load routing against power of two choices and round robin, "
+     "through the proxy and through HAProxy, on engines that cache prefixes as vLLM does."),
     ("serve_compat_diff", "The same Serve applications under Serve and fleetplane",
      "Each request sent to both, on one local Ray; differences by design are named."),
     ("scale_compare", "Two commits side by side",

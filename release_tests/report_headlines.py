@@ -164,10 +164,31 @@ def startup(results: dict[str, dict]):
             f"(median of {s['runs']})", f"{s['medians']['running_s']:.1f} s", "")
 
 
+def llm_routing(results: dict[str, dict]):
+    s = _summary(results, "llm_routing")
+    shared = (s or {}).get("results", {}).get("shared_prefix", {})
+    cells = []
+    for ingress in ("proxy", "haproxy"):
+        policies = shared.get(ingress, {})
+        base = policies.get("p2c", {}).get("0.8")
+        best = min((policies[p]["0.8"]["ttft_p50_ms"] for p in ("prefix", "prefix_kv")
+                    if "0.8" in policies.get(p, {})), default=None)
+        if base and best:
+            cells.append((ingress, best, base["ttft_p50_ms"]))
+    if not cells:
+        return None
+    return ("LLM time to first token p50, prefix routing against power of two choices "
+            "(shared prefixes, 0.8 of capacity, simulated GB10 engines sped up): "
+            + " / ".join(c[0] for c in cells),
+            " / ".join(f"{c[1]:.0f} vs {c[2]:.0f} ms ({1 - c[1] / c[2]:.0%} less)"
+                       for c in cells), "")
+
+
 ROWS: list[tuple[str, Row]] = [  # (the MEASURED.md section it links to, the row)
     ("http_bench", http), ("scale", steady), ("scale", rollout), ("scale", per_start),
     ("overload_idle", overload), ("health_push", health), ("drain_events", drains),
     ("node_churn", node_drains), ("chaos", chaos), ("soak", soak), ("startup", startup),
+    ("llm_routing", llm_routing),
 ]
 
 

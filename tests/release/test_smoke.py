@@ -28,7 +28,8 @@ NOT_RELEASE_TESTS = {"serve_baseline"}  # a server http_bench starts, not a meas
 TIMEOUT_S = 240
 LANES = [
     # Ray Serve, one at a time (8001-8003, 8101-8102), and fleetplane (8002, 8040, 8020, 8102)
-    ["http_bench", "serve_compat_diff", "retry_after_http", "overload_idle"],
+    # and LLM routing on simulated engines (8050)
+    ["http_bench", "serve_compat_diff", "retry_after_http", "overload_idle", "llm_routing"],
     # a 3-node cluster on 127.0.0.2-4; the kills (8011); the abuse (a free port); no Ray
     ["node_churn", "chaos", "http_abuse", "scale", "scale_compare", "retry_after_eval",
      "llm_day"],

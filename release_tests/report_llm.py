@@ -1,0 +1,63 @@
+"""MEASURED.md's section for ``release_tests.llm_routing``: the setup, the issue's bars with
+what was measured, a table per workload and the TTFT and throughput plots."""
+
+from __future__ import annotations
+
+from release_tests import report_plots
+from release_tests.report_tables import Where, table
+
+COLUMNS = ["ingress", "policy", "load", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms",
+           "throughput_rps", "hit_rate", "max_mean_load", "failed", "decision_p99_ms"]
+
+
+def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
+    setup = summary.get("setup", {})
+    lines = [f"{setup.get('replicas')} replicas of `VLLMServer` on the engine simulator, "
+             f"calibrated to {setup.get('calibration')}, its clock {setup.get('speedup')}x "
+             f"GB10's (times are the sped-up ones), {setup.get('slots')} sequences and a "
+             f"prefix cache of {setup.get('cache_blocks')} 16-token blocks each; "
+             f"max_ongoing_requests {setup.get('max_ongoing_requests')}. Capacity (requests/s "
+             f"p2c completes, closed loop): {_capacities(summary)}. Loads are fractions of "
+             f"it, Poisson, {setup.get('seconds')} s measured after a "
+             f"{setup.get('warmup_s')} s warm-up on reset engines. HAProxy's p2c and kv_load "
+             "are its leastconn (it sees no KV-cache use).", ""]
+    if summary.get("criteria"):
+        lines += ["What the issue asked, and what this run measured:", ""]
+        lines += table([{**c, "met": "yes" if c["met"] else "NO"}
+                        for c in summary["criteria"]])
+    for workload, ingresses in summary.get("results", {}).items():
+        rows = [{"ingress": ingress, "policy": policy, "load": load, **stats}
+                for ingress, policies in ingresses.items()
+                for policy, loads in policies.items() for load, stats in loads.items()]
+        lines += [f"**{workload}**", ""] + table(rows, COLUMNS)
+    lines += _plots(summary, where, name)
+    ramps = summary.get("throughput_at_equal_p99") or {}
+    ramp_rows = [{"ingress": ingress, "policy": policy, "p99 budget (ms)":
+                  r["budget_e2e_p99_ms"], "throughput within it (req/s)": r["throughput_rps"],
+                  "loads tried": len(r["points"])}
+                 for ingress, by_policy in ramps.items() for policy, r in by_policy.items()]
+    if ramp_rows:
+        lines += ["Throughput at equal p99 (shared prefix: each policy at rising loads until "
+                  "its end-to-end p99 passes p2c's at 0.8):", ""] + table(ramp_rows)
+    if summary.get("two_proxies"):
+        lines += ["One proxy against two (prefix, shared prefix, 0.8):", ""]
+        lines += table([{"proxies": k, **v} for k, v in summary["two_proxies"].items()],
+                       ["proxies", "hit_rate", "ttft_p50_ms", "ttft_p99_ms", "throughput_rps"])
+    return lines
+
+
+def _capacities(summary: dict) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in summary.get("capacity_rps", {}).items())
+
+
+def _plots(summary: dict, where: Where, name: str) -> list[str]:
+    out = []
+    for metric, label in (("ttft_p50_ms", "TTFT p50 (ms)"), ("hit_rate", "prefix-cache hit rate")):
+        groups = {f"{workload}, {ingress}": {policy: loads.get("0.8", {}).get(metric)
+                                             for policy, loads in policies.items()}
+                  for workload, ingresses in summary.get("results", {}).items()
+                  for ingress, policies in ingresses.items()}
+        png = report_plots.bars(groups, where.plots / f"{name}_{metric}.png", label,
+                                f"{label} at 0.8 of capacity, per policy")
+        out += where.image(png, f"{label} per policy")
+    return out
