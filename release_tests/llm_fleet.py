@@ -13,7 +13,9 @@ import psutil
 from tests.llm_sim.prefix_cache import GB10
 
 APP, DEPLOYMENT, MODEL = "llm", "VLLMServer", "routing-sim"
-MAX_ONGOING = 8  # two per engine slot: a short queue at each engine, the rest at routers
+# Requests a replica takes: engines queue what their slots cannot run (Serve LLM's default
+# is unbounded: 1e9), so routers place every request at once, by their policy.
+MAX_ONGOING = 32
 POLICY_SETTLE_S = 2.0  # routers and HAProxy take a policy from the shard's next push
 
 
@@ -26,6 +28,10 @@ class SimFleet:
         self.max_ongoing = MAX_ONGOING
         self.base_url = f"http://127.0.0.1:{args.port}/{APP}"
         self._policy: str | None = None
+
+    @staticmethod
+    def max_ongoing_requests() -> int:
+        return MAX_ONGOING
 
     def __enter__(self) -> "SimFleet":
         self.client.start_controller()

@@ -10,8 +10,8 @@ sped-up ones; divide rates, multiply times by the speedup for GB10's). Then, for
 ingress (the proxy, two per node as by default; HAProxy) and workload
 (``llm_workloads``: ``shared_prefix``, ``random``):
 
-1. capacity: the requests per second power of two choices completes with every slot and
-   queue busy (a closed loop of replicas x max_ongoing_requests clients);
+1. capacity: the requests per second power of two choices completes with every slot busy
+   and as many requests waiting (a closed loop of replicas x slots x 2 clients);
 2. for each policy (p2c, round_robin, prefix, kv_load, prefix_kv), set live by a redeploy
    of ``request_router_config``, and each load (0.5, 0.8, 1.0 x that capacity), Poisson
    arrivals for ``--seconds`` after a warm-up (engines reset, caches empty, before each):
@@ -43,6 +43,7 @@ from release_tests.llm_routing_stats import (criteria, decision_cost, point_stat
                                              within_budget)
 from release_tests.llm_workloads import WORKLOADS, workload
 from release_tests.results import parse_args, record
+from tests.llm_sim.prefix_cache import GB10
 
 POLICIES = ("p2c", "round_robin", "prefix", "kv_load", "prefix_kv")
 LOADS = (0.5, 0.8, 1.0)
@@ -67,7 +68,7 @@ def capacity(fleet: SimFleet, name: str, args) -> float:
     fleet.set_policy("p2c")
     fleet.reset_engines()
     load = workload(name, 0, args.speedup)
-    clients = args.replicas * fleet.max_ongoing
+    clients = args.replicas * GB10.slots * 2  # every slot busy and as many waiting
     asyncio.run(closed_loop(fleet.base_url, load, clients, args.warmup_s))
     outcomes = asyncio.run(closed_loop(fleet.base_url, load, clients, args.capacity_s))
     return sum(o.ok for o in outcomes) / args.capacity_s
@@ -201,10 +202,10 @@ def _add_decisions(results: dict, decisions: dict) -> None:
 
 
 def fleet_setup(args) -> dict:
-    from tests.llm_sim.prefix_cache import GB10
     return {"replicas": args.replicas, "speedup": args.speedup,
             "cache_blocks": args.cache_blocks, "slots": GB10.slots,
-            "max_ongoing_requests": 8, "steps_per_s": round(args.speedup / GB10.step_s, 1),
+            "max_ongoing_requests": SimFleet.max_ongoing_requests(),
+            "steps_per_s": round(args.speedup / GB10.step_s, 1),
             "prefill_tokens_per_step": GB10.prefill_tokens_per_step,
             "seconds": args.seconds, "warmup_s": args.warmup_s, "loads": args.loads,
             "calibration": "vLLM DGX Spark guide (June 2026): Nemotron-3-Super-120B-A12B-NVFP4 "

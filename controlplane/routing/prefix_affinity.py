@@ -143,19 +143,21 @@ class HashRing:
 
 
 def capacity(total_load: int, replicas: int,
-             balance_factor: float = DEFAULT_BALANCE_FACTOR) -> int:
+             balance_factor: float = DEFAULT_BALANCE_FACTOR, floor: int = 1) -> int:
     """The most requests a replica may hold before a prefix spills past it: ``ceil(c x
-    (m + 1) / n)`` for ``m`` requests on ``n`` replicas (the paper's bound, at least 1)."""
-    return max(1, math.ceil(balance_factor * (total_load + 1) / max(1, replicas)))
+    (m + 1) / n)`` for ``m`` requests on ``n`` replicas (the paper's bound), and never
+    under ``floor``: near idle the paper's bound is 1, so any two requests of one prefix
+    (or one another router's stale load counts) would split it for no gain."""
+    return max(1, floor, math.ceil(balance_factor * (total_load + 1) / max(1, replicas)))
 
 
 def choose(ring: HashRing, key: str, load_of: Callable[[str], int | None], total_load: int,
-           balance_factor: float = DEFAULT_BALANCE_FACTOR) -> str | None:
+           balance_factor: float = DEFAULT_BALANCE_FACTOR, floor: int = 1) -> str | None:
     """The first replica on ``key``'s ring walk with room (``load_of`` not None: None means
     full, stopping or unreachable, as for power of two choices) and a load under
     ``capacity``; None when none qualifies (the caller falls back to load-based placement,
     or queues). Stops at the first that qualifies: usually the first or second looked at."""
-    bound = capacity(total_load, ring.size, balance_factor)
+    bound = capacity(total_load, ring.size, balance_factor, floor)
     for rid in ring.walk(key):
         load = load_of(rid)
         if load is not None and load + 1 <= bound:

@@ -43,9 +43,9 @@ from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
 from controlplane.routing.admission import RetryAdvisor
 from controlplane.routing.members import ReplicaMembers
+from controlplane.routing.affinity_choice import AFFINITY_FLOOR, affine_replica, next_in_turn
 from controlplane.routing.placement import choose_replica, sample_candidates
-from controlplane.routing.policies import Affinity, RoutingPolicy
-from controlplane.routing.prefix_affinity import capacity, choose
+from controlplane.routing.policies import Affinity, RoutingPolicy, kv_score
 from controlplane.routing.queue_len_cache import QueueLenCache
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import ReplicaTransport
@@ -276,39 +276,25 @@ class Router:
         return self._place_in(self._cache.member_ids(), hint)
 
     def _try_affinity(self, affinity: Affinity | None) -> ReplicaInfo | None:
-        """The replica an affinity places on, or None (then by load):
-
-        - its start's replica on the hash ring, or the next on its walk, within the bounded
-          load (``prefix_affinity.choose``): the same from every router;
-        - unless this router sent more of the prompt than its start to another replica
-          with room within the bound (``prefix_index``): the conversation's history is
-          there, where the bound once spilled it."""
+        """The replica an affinity places on (``affinity_choice``), its slot reserved; None
+        without an affinity or when none qualifies (then by load)."""
         if affinity is None or not len(self._members):
             return None
-        members, factor = self._members, self._config.policy.balance_factor
-        total = self._cache.member_load_total()
-        replica_id = choose(members.ring(), affinity.start, self._load_of, total, factor)
-        holder, matched = members.index.match(affinity.blocks)
-        if holder is not None and holder != replica_id and matched > affinity.start_blocks:
-            load = self._load_of(holder)
-            if load is not None and load + 1 <= capacity(total, len(members), factor):
-                replica_id = holder
-        if replica_id is None:
-            return None
+        config = self._config
+        replica_id = affine_replica(self._members, affinity, self._load_of,
+                                    self._cache.member_load_total(),
+                                    config.policy.balance_factor, floor=AFFINITY_FLOOR)
+        return None if replica_id is None else self._probe_and_reserve(replica_id)
+
+    def _next_in_turn(self) -> ReplicaInfo | None:
+        replica_id = next_in_turn(self._members, self._cache.member_ids(), self._load_of)
+        return None if replica_id is None else self._probe_and_reserve(replica_id)
+
+    def _probe_and_reserve(self, replica_id: str) -> ReplicaInfo:
         now = self._clock.monotonic()
         if self._cache.needs_probe(replica_id, now):  # as for p2c's candidates: fresh loads
             self._start_probe(replica_id)
         return self._reserve(replica_id, now)
-
-    def _next_in_turn(self) -> ReplicaInfo | None:
-        """Round robin: the first replica with room from where the last turn ended."""
-        ids, members = self._cache.member_ids(), self._members
-        for step in range(len(ids)):
-            i = (members.turn + step) % len(ids)
-            if self._load_of(ids[i]) is not None:
-                members.turn = i + 1
-                return self._reserve(ids[i], self._clock.monotonic())
-        return None
 
     def _place_in(self, replica_ids: Any, hint: str | None) -> ReplicaInfo | None:
         now = self._clock.monotonic()
@@ -332,12 +318,11 @@ class Router:
         return self._cache.load_if_placeable(replica_id, self._config.max_ongoing_requests)
 
     def _kv_load_of(self, replica_id: str) -> float | None:
-        """kv_load's score: the load plus the engine's KV-cache use x max_ongoing_requests
-        (a nearly full cache counts as nearly full slots); None as ``_load_of``."""
+        """kv_load's score (``policies.kv_score``); None as ``_load_of``."""
         load = self._load_of(replica_id)
         if load is None:
             return None
-        return load + self._cache.kv_of(replica_id) * self._config.max_ongoing_requests
+        return kv_score(load, self._cache.kv_of(replica_id), self._config.max_ongoing_requests)
 
     def _release(self, replica_id: str) -> None:
         self._cache.release(replica_id)

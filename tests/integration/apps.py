@@ -131,3 +131,18 @@ class PickyModel(Model):
         if user_config.get("fail"):
             raise ValueError(f"cannot apply {user_config}: threshold out of range")
         super().reconfigure(user_config)
+
+
+class Affine:
+    """Answers its replica's pid (which replica a request reached), and reports a KV-cache
+    use for the kv_load policies when given one."""
+
+    def __init__(self, kv: float | None = None) -> None:
+        self.kv = kv
+
+    async def __call__(self, request: Request) -> dict:
+        await request.body()
+        return {"pid": os.getpid()}
+
+    def record_routing_stats(self) -> dict:
+        return {} if self.kv is None else {"kv_cache_usage": self.kv}

@@ -120,12 +120,12 @@ def test_the_bound_follows_the_papers_formula():
 # -- in the router ---------------------------------------------------------------------------
 
 
-def placed_in_order(seed: int, keys: list[str | None]) -> list[str]:
+def placed_in_order(seed: int, keys: list[str | None], max_ongoing: int = 8) -> list[str]:
     """Where a router puts requests sent one after another and left running."""
     from tests.unit.router_fakes import Harness, settle
 
     h = Harness()
-    h.make(replicas=4, max_ongoing=8, seed=seed)
+    h.make(replicas=4, max_ongoing=max_ongoing, seed=seed)
 
     async def main() -> list[str]:
         for i, key in enumerate(keys):
@@ -139,8 +139,11 @@ def placed_in_order(seed: int, keys: list[str | None]) -> list[str]:
 
 def test_a_router_sends_a_prefix_along_its_ring_walk_as_the_load_bound_allows():
     walk = list(HashRing([f"r{i}" for i in range(4)]).walk("system prompt"))
-    # the bound ceil(1.25 x (m + 1) / 4) is 1 while m <= 2 requests run, 2 at m = 3
-    assert placed_in_order(0, ["system prompt"] * 4) == walk[:3] + walk[:1]
+    # the bound: the floor, 2, while ceil(1.25 x (m + 1) / 4) is under it (m <= 5 running),
+    # then 3 from m = 6
+    assert placed_in_order(0, ["system prompt"] * 8) == (walk[:1] * 2 + walk[1:2] * 2
+                                                         + walk[2:3] * 2 + walk[:1] + walk[1:2])
+    assert capacity(0, 8, floor=2) == 2 and capacity(79, 8, floor=2) == 13
 
 
 def test_routers_with_other_random_seeds_agree_and_keyless_requests_still_balance():

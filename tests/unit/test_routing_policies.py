@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from pydantic import BaseModel
 
-from controlplane.routing.policies import Affinity, RoutingPolicy
+from controlplane.routing.policies import Affinity, RoutingPolicy, kv_score
 from controlplane.routing.prefix_affinity import BLOCK_CHARS, HashRing
 from controlplane.routing.prefix_index import PrefixIndex
 from tests.unit.router_fakes import Harness, settle
@@ -48,10 +48,10 @@ def test_round_robin_takes_each_replica_in_turn_and_passes_over_a_full_one():
     assert h2.run(main) == ["r0", "r2"]
 
 
-def test_kv_load_prefers_the_replica_whose_engine_cache_is_emptier():
+def test_kv_load_passes_over_an_engine_near_preemption():
     h = Harness()
     h.make(replicas=2, max_ongoing=8, policy=RoutingPolicy("kv_load"))
-    h.transport.kv.update({"r0": 0.9, "r1": 0.1})
+    h.transport.kv.update({"r0": 0.95, "r1": 0.1})
 
     async def main() -> list[str]:
         for i in range(2):  # the first two teach the router both replicas' KV use
@@ -65,11 +65,16 @@ def test_kv_load_prefers_the_replica_whose_engine_cache_is_emptier():
             await settle()
         return [h.transport.where(f"q{i}") for i in range(4)]
 
-    # r0's 0.9 x 8 = 7.2 outweighs up to 7 more requests on r1
+    # r0's 0.95 x 8 = 7.6 outweighs up to 7 more requests on r1
     assert h.run(main) == ["r1"] * 4
     p2c = Harness()
     p2c.make(replicas=2, max_ongoing=8)  # the same without KV: both replicas take requests
     assert set(placed(p2c, [(f"q{i}", None) for i in range(4)])) == {"r0", "r1"}
+
+
+def test_under_pressure_kv_use_only_breaks_ties():
+    assert kv_score(2, 0.5, 8) < kv_score(2, 0.6, 8) < kv_score(3, 0.0, 8)
+    assert kv_score(0, 0.95, 8) > kv_score(7, 0.1, 8)
 
 
 def conversation(turns: int, start: str = "system: shared\nuser: hello\n") -> Affinity:
@@ -85,21 +90,22 @@ def test_a_conversation_the_bound_spilled_follows_its_blocks_in_this_router():
 
     async def main() -> list[str]:
         loop = asyncio.get_running_loop()
-        # one request already on the start's replica: the bound (1 while m <= 2) spills
-        # turn 1 to the next on the walk
+        # two requests already on the start's replica: the bound (2, its floor, while
+        # m <= 5) spills turn 1 to the next on the walk
         for name, affinity in (("other", Affinity("system: shared\nuser: hello\n")),
+                               ("other2", Affinity("system: shared\nuser: hello\n")),
                                ("turn1", conversation(3))):
             loop.create_task(h.router.assign(name, affinity=affinity))
             await settle()
-        for name in ("other", "turn1"):
+        for name in ("other", "other2", "turn1"):
             h.transport.finish(name)
         await settle()
         loop.create_task(h.router.assign("turn2", affinity=conversation(6)))
         await settle()
-        return [h.transport.where(name) for name in ("other", "turn1", "turn2")]
+        return [h.transport.where(name) for name in ("other", "other2", "turn1", "turn2")]
 
     # the ring alone would send turn 2 to walk[0] (idle again); the index knows better
-    assert h.run(main) == [walk[0], walk[1], walk[1]]
+    assert h.run(main) == [walk[0], walk[0], walk[1], walk[1]]
 
 
 def test_a_fresh_router_places_a_conversation_on_its_starts_replica():
