@@ -63,7 +63,7 @@ class SimFleet:
         deployment = {"name": DEPLOYMENT, "num_replicas": a.replicas,
                       "max_ongoing_requests": MAX_ONGOING, "health_check_period_s": 1.0,
                       "ray_actor_options": {"num_cpus": 0},
-                      "request_router_config": {"request_router_class": policy}}
+                      "request_router_config": self._router(policy)}
         app = {"name": APP, "route_prefix": f"/{APP}",
                "import_path": "replicas.vllm_replica:VLLMServer",
                "args": {"model": MODEL, "max_num_seqs": GB10.slots, "command": command,
@@ -73,6 +73,12 @@ class SimFleet:
         return {"applications": [app], "controller_options": {"num_shards": 1},
                 "http_options": {"host": "127.0.0.1", "port": a.port, "ingress": self.ingress,
                                  "proxies_per_node": self.proxies}}
+
+    def _router(self, policy: str) -> dict:
+        router = {"request_router_class": policy}
+        if self.args.balance_factor is not None:
+            router["request_router_kwargs"] = {"balance_factor": self.args.balance_factor}
+        return router
 
     def _wait_running(self, policy: str, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s

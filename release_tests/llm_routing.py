@@ -47,8 +47,8 @@ from tests.llm_sim.prefix_cache import GB10
 
 POLICIES = ("p2c", "round_robin", "prefix", "kv_load", "prefix_kv")
 LOADS = (0.5, 0.8, 1.0)
-RAMP = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
-QUICK = {"seconds": 10.0, "warmup_s": 4.0, "capacity_s": 10.0, "ramp_loads": "1.25,1.75,2.5"}
+RAMP = (1.0, 1.12, 1.25, 1.4, 1.6, 2.0)  # 1.12 = 1.4 x 0.8: the bar against p2c at 0.8
+QUICK = {"seconds": 10.0, "warmup_s": 4.0, "capacity_s": 10.0, "ramp_loads": "1.12,1.25,1.4"}
 SMOKE = {"replicas": 2, "ingresses": "proxy", "workloads": "shared_prefix",
          "policies": "p2c,prefix", "loads": "0.8", "seconds": 4.0, "warmup_s": 2.0,
          "capacity_s": 4.0, "ramp": False, "agreement": False, "decisions": 200}
@@ -145,6 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-s", type=float, default=5.0)
     p.add_argument("--capacity-s", type=float, default=15.0)
     p.add_argument("--decisions", type=int, default=5000)
+    p.add_argument("--balance-factor", type=float, default=None,
+                   help="request_router_kwargs.balance_factor (default: the product's, 1.25)")
     p.add_argument("--port", type=int, default=8050)
     p.add_argument("--ramp-loads", default=",".join(map(str, RAMP)),
                    help="loads tried for throughput at equal p99, in order")
@@ -208,6 +210,7 @@ def fleet_setup(args) -> dict:
             "steps_per_s": round(args.speedup / GB10.step_s, 1),
             "prefill_tokens_per_step": GB10.prefill_tokens_per_step,
             "seconds": args.seconds, "warmup_s": args.warmup_s, "loads": args.loads,
+            "balance_factor": args.balance_factor or 1.25,
             "calibration": "vLLM DGX Spark guide (June 2026): Nemotron-3-Super-120B-A12B-NVFP4 "
                            "on one GB10, --max-num-seqs 4"}
 

@@ -42,8 +42,8 @@ from typing import Any, AsyncIterator, Iterable
 from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
 from controlplane.routing.admission import RetryAdvisor
-from controlplane.routing.members import ReplicaMembers
 from controlplane.routing.affinity_choice import AFFINITY_FLOOR, affine_replica, next_in_turn
+from controlplane.routing.members import ReplicaMembers
 from controlplane.routing.placement import choose_replica, sample_candidates
 from controlplane.routing.policies import Affinity, RoutingPolicy, kv_score
 from controlplane.routing.queue_len_cache import QueueLenCache
@@ -280,10 +280,11 @@ class Router:
         without an affinity or when none qualifies (then by load)."""
         if affinity is None or not len(self._members):
             return None
-        config = self._config
-        replica_id = affine_replica(self._members, affinity, self._load_of,
-                                    self._cache.member_load_total(),
-                                    config.policy.balance_factor, floor=AFFINITY_FLOOR)
+        policy = self._config.policy
+        replica_id = affine_replica(
+            self._members, affinity, self._load_of, self._cache.member_load_total(),
+            policy.balance_factor, AFFINITY_FLOOR, self._rng,
+            self._kv_load_of if policy.uses_kv else self._load_of)
         return None if replica_id is None else self._probe_and_reserve(replica_id)
 
     def _next_in_turn(self) -> ReplicaInfo | None:

@@ -172,3 +172,65 @@ def test_the_index_keeps_every_replicas_blocks_bounded():
     for i in range(10_000):
         index.insert(f"r{i % 4}", tuple(range(i * 10, i * 10 + 10)))
     assert len(index) == 400
+
+
+# -- a process's routers: the key each request carries -------------------------------------
+
+
+def test_a_process_keys_handle_calls_and_http_bodies_by_the_deployments_policy():
+    from controlplane.routing.prefix_affinity import read_prompt
+    from controlplane.routing.router_set import RouterSet
+    from controlplane.wire import HTTPRequestData, RoutingUpdate
+    from tests.unit.router_fakes import FakeTransport, replica
+
+    class Recording(FakeTransport):  # answers at once; remembers where each went
+        async def send(self, replica, request):
+            self.sent.append(replica.replica_id)
+
+        async def send_http(self, replica, data, send):
+            self.sent.append(replica.replica_id)
+            return 200
+
+    h = Harness()
+    h.transport = Recording(h.clock)
+    routers = RouterSet("ns", h.clock, transport=h.transport)
+    routers.update("app/model", RoutingUpdate(tuple(replica(i) for i in range(4)), 8,
+                                              request_router=(("name", "prefix"),)))
+    request = {"model": "m", "messages": [{"role": "user", "content": "hello there"}]}
+    home = next(HashRing(IDS).walk(read_prompt(request).start))
+    body = json.dumps(request).encode()
+    http = HTTPRequestData("POST", "/x", b"", [], body, "/")
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        loop.create_task(routers.call("app/model", "__call__", (request,), {}))
+        loop.create_task(routers.serve_http("app/model", http, lambda message: None))
+        await settle()
+        return h.transport.sent
+
+    assert h.run(main) == [home, home]
+
+
+def test_a_cold_prompt_goes_by_load_between_its_ring_replica_and_one_other():
+    from controlplane.routing.prefix_affinity import block_keys
+
+    text = "a prompt no router has seen " * 40
+    affinity = Affinity("start of it", block_keys(text), 0)
+    home = next(HashRing(IDS).walk("start of it"))
+
+    def first_placement(warm: bool) -> str:
+        h = Harness()
+        h.make(replicas=4, max_ongoing=8, seed=5, policy=RoutingPolicy("prefix"))
+
+        async def main() -> str:
+            h.router._cache.probe_answered(home, 1, h.clock.monotonic())  # one request there
+            if warm:  # this router once sent the prompt's first block somewhere
+                h.router._members.index.insert("elsewhere", affinity.blocks[:1])
+            asyncio.get_running_loop().create_task(h.router.assign("q", affinity=affinity))
+            await settle()
+            return h.transport.where("q")
+
+        return h.run(main)
+
+    assert first_placement(warm=True) == home  # within the bound: its prefix's replica
+    assert first_placement(warm=False) != home  # cold: the idle one of the two
