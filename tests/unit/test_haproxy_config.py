@@ -38,7 +38,8 @@ def test_members_at_a_reload_are_written_in_and_routes_read_back(tmp_path):
     backend = backend_name("web/M")
     text = render(Paths(tmp_path), "127.0.0.1", 8000, routes,
                   servers={backend: {"r1": "127.0.0.1:4001"}}, maxconn={backend: 7})
-    assert f"    server r1 127.0.0.1:4001 id {server_id('r1')} check maxconn 7" in text
+    assert (f"    server r1 127.0.0.1:4001 id {server_id('r1')} weight 64 check maxconn 7"
+            in text)
     HAProxyProcess(Paths(tmp_path)).check(text)
     assert _routes_of(text) == routes  # what an adopting manager compares with
 

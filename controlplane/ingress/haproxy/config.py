@@ -50,7 +50,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.ingress.haproxy.balance import server_id
+from controlplane.ingress.haproxy.balance import SERVER_WEIGHT, server_id
 from controlplane.wire import HTTPLimits
 
 # A buffer this much over max_header_bytes takes a head at the limit with HAProxy's own
@@ -195,8 +195,8 @@ def _backends(routes: dict[str, str], servers: dict[str, dict[str, str]],
                   *balances.get(backend, ["    balance leastconn"]),
                   "    option httpchk GET /-/healthz",
                   "    default-server inter 1s fall 2 rise 1"]
-        lines += [f"    server {name} {address} id {server_id(name)} check "
-                  f"maxconn {max(1, maxconn.get(backend, 1))}"
+        lines += [f"    server {name} {address} id {server_id(name)} weight {SERVER_WEIGHT} "
+                  f"check maxconn {max(1, maxconn.get(backend, 1))}"
                   for name, address in sorted(servers.get(backend, {}).items())]
     return lines
 

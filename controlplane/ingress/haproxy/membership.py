@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.ingress.haproxy.balance import server_id
+from controlplane.ingress.haproxy.balance import SERVER_WEIGHT, server_id
 from controlplane.ingress.haproxy.config import backend_name, server_name  # noqa: F401 (re-exported)
 
 Servers = dict[str, dict[str, str]]  # backend -> server -> "host:port"
@@ -46,7 +46,8 @@ def add_commands(backend: str, server: str, address: str, maxconn: int,
     server_ref = f" id {server_id(server)}" if with_id else ""
     # The replica is RUNNING and passed its health check: UP at once, not after the
     # first HAProxy check (until then a new server would be DOWN: 503 with no other).
-    return [f"add server {target} {address}{server_ref} check maxconn {max(1, maxconn)}",
+    return [f"add server {target} {address}{server_ref} weight {SERVER_WEIGHT} check "
+            f"maxconn {max(1, maxconn)}",
             f"enable health {target}", f"set server {target} health up",
             f"enable server {target}"]
 
