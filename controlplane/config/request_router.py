@@ -7,7 +7,7 @@ Serve's default router is ``p2c``, Serve LLM's ``PrefixCacheAffinityRouter`` is
 ``prefix``. Any other class is a config error naming the field and the choices: a custom
 router class runs no code here.
 
-``request_router_kwargs``: ``balance_factor`` (the bounded load, >= 1, default 1.25) and
+``request_router_kwargs``: ``balance_factor`` (the bounded load, >= 1, default 2) and
 ``session_header`` (the ``session`` policy's header, default ``x-session-id``) are
 fleetplane's; ``PrefixCacheAffinityRouter``'s own knobs are accepted and not acted on
 (named at load, as every such field is). Serve's stats periods, backoffs and timeouts are

@@ -42,7 +42,8 @@ START_PART_CHARS = 512  # of each message in a chat's start
 BLOCK_CHARS = 256  # about 64 tokens: four of vLLM's 16-token blocks
 MAX_PROMPT_CHARS = 64 * BLOCK_CHARS  # what is read of a prompt at most (16 KiB of text)
 VNODES = 64  # ring points per replica: loads within a few % of even at 8+ replicas
-DEFAULT_BALANCE_FACTOR = 1.25  # the bound the paper and HAProxy's examples use
+# The bound's default (policies.py says why 2, where the paper's examples use 1.25).
+DEFAULT_BALANCE_FACTOR = 2.0
 
 
 def _hash(data: bytes) -> int:

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from controlplane.routing.policies import Affinity
+from controlplane.routing.policies import Affinity, RoutingPolicy
 from controlplane.routing.prefix_affinity import (BLOCK_CHARS, MAX_PROMPT_CHARS, START_CHARS,
                                                    START_PART_CHARS, HashRing, block_keys,
                                                    capacity, choose, read_prompt)
@@ -124,8 +124,9 @@ def placed_in_order(seed: int, keys: list[str | None], max_ongoing: int = 8) -> 
     """Where a router puts requests sent one after another and left running."""
     from tests.unit.router_fakes import Harness, settle
 
-    h = Harness()
-    h.make(replicas=4, max_ongoing=max_ongoing, seed=seed)
+    h = Harness()  # the paper's factor, 1.25 (the product's default is 2)
+    h.make(replicas=4, max_ongoing=max_ongoing, seed=seed,
+           policy=RoutingPolicy("prefix", balance_factor=1.25))
 
     async def main() -> list[str]:
         for i, key in enumerate(keys):
@@ -143,7 +144,7 @@ def test_a_router_sends_a_prefix_along_its_ring_walk_as_the_load_bound_allows():
     # then 3 from m = 6
     assert placed_in_order(0, ["system prompt"] * 8) == (walk[:1] * 2 + walk[1:2] * 2
                                                          + walk[2:3] * 2 + walk[:1] + walk[1:2])
-    assert capacity(0, 8, floor=2) == 2 and capacity(79, 8, floor=2) == 13
+    assert capacity(0, 8, floor=2) == 2 and capacity(79, 8, 1.25, floor=2) == 13
 
 
 def test_routers_with_other_random_seeds_agree_and_keyless_requests_still_balance():

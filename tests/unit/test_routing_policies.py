@@ -120,7 +120,7 @@ def test_prefix_requests_over_the_bound_go_by_load_and_keep_the_fleet_even():
     h.make(replicas=4, max_ongoing=64, policy=RoutingPolicy("prefix"))
     where = placed(h, [(f"q{i}", Affinity("one hot system prompt")) for i in range(40)])
     counts = Counter(where)
-    assert max(counts.values()) <= 1.25 * (40 / 4) + 1  # the bounded load
+    assert max(counts.values()) <= 2.0 * (40 / 4) + 1  # the bounded load (factor 2)
 
 
 def test_the_session_policy_reads_its_header_and_nothing_else():
