@@ -7,6 +7,7 @@ and end to end by ``release_tests.llm_routing --smoke`` (tests/release)."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 import pytest
@@ -50,10 +51,26 @@ def running(policy: str):
     return check
 
 
+def proxies_know_every_replica(client) -> None:
+    """Status shows a replica RUNNING when its shard has it; each proxy (two on the node)
+    hears it on its next push, and until then hashes over a different ring."""
+    lines = [f'fleetplane_router_replicas{{deployment="affine/Affine",proxy="{p}"}} '
+             f'{float(REPLICAS)}' for p in ("0", "1")]
+    deadline = time.monotonic() + 30
+    while True:
+        pid_of(client, b"warm")  # a router is made by its deployment's first request
+        metrics = requests.get(f"http://127.0.0.1:{port_of(client)}/metrics", timeout=30).text
+        if all(line in metrics for line in lines):
+            return
+        assert time.monotonic() < deadline, f"a proxy never heard {REPLICAS} replicas"
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def routed(fleet):
     deploy(fleet, affine("prefix"))
     wait_for(fleet, running("prefix"), what="4 replicas with the prefix policy")
+    proxies_know_every_replica(fleet)
     return fleet
 
 
@@ -74,8 +91,13 @@ def test_the_policy_changes_live_without_restarting_a_replica(routed):
     before = {r["replica_id"] for r in dep_status(routed.status(), "affine", "Affine")["replicas"]}
     deploy(routed, affine("session", request_router_kwargs={"session_header": "X-Chat"}))
     wait_for(routed, running("session"), what="the session policy")
+    # status shows the policy when the shard has it; each proxy hears it on its next push
+    first = {"X-Chat": "alice"}
+    deadline = time.monotonic() + 30
+    while len({pid_of(routed, b"{}", first) for _ in range(8)}) > 1:
+        assert time.monotonic() < deadline, "the proxies never placed a session by its header"
     for name in ("alice", "bob", "carol"):
-        assert len({pid_of(routed, b"{}", {"X-Chat": name}) for _ in range(4)}) == 1
+        assert len({pid_of(routed, b"{}", {"X-Chat": name}) for _ in range(8)}) == 1
     after = {r["replica_id"] for r in dep_status(routed.status(), "affine", "Affine")["replicas"]}
     assert after == before
 

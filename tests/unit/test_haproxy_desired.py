@@ -63,12 +63,21 @@ def test_a_reload_is_due_when_a_deployments_routing_policy_changed():
 
     wanted, loaded = Wanted(), Loaded()
     wanted.routes = loaded.routes = {"/web": "web/M"}
-    wanted.set_deployment("web/M", update("r1"))
-    loaded.balances = wanted.balances()
-    assert not loaded.differs(wanted) and loaded.balances == {WEB: ["    balance leastconn"]}
     wanted.set_deployment("web/M", dataclasses.replace(
         update("r1"), request_router=(("name", "prefix"),)))
     assert loaded.differs(wanted)
+    loaded.balances = wanted.balances()
+    assert not loaded.differs(wanted)
+    wanted.set_deployment("web/M", update("r1"))  # back to p2c
+    assert loaded.differs(wanted)
+
+
+def test_a_new_p2c_deployment_heard_after_its_route_costs_no_second_reload():
+    wanted, loaded = Wanted(), Loaded()
+    wanted.routes = loaded.routes = {"/web": "web/M"}  # reloaded for the route
+    wanted.set_deployment("web/M", update("r1"))  # its policy: the default
+    wanted.set_deployment("other/N", update("r2"))  # a deployment with no route
+    assert wanted.balances() == {} and not loaded.differs(wanted)
 
 
 def test_with_phase_1_off_haproxy_hears_a_window_late():

@@ -39,6 +39,7 @@ from controlplane.routing.prefix_affinity import START_CHARS, START_PART_CHARS
 
 _KEY = "txn.fp_key"
 SERVER_WEIGHT = 64  # of HAProxy's 1-256: ring points per server (see above)
+DEFAULT_BALANCE = ["    balance leastconn"]  # p2c's, and a backend's without a policy
 
 
 def server_id(server: str) -> int:
@@ -57,7 +58,7 @@ def balance_lines(request_router: tuple[tuple[str, Any], ...]) -> list[str]:
     if policy.name == "session":
         return [f"    http-request set-var({_KEY}) req.hdr({policy.session_header})",
                 *_hashed(policy)]
-    return ["    balance leastconn"]
+    return list(DEFAULT_BALANCE)
 
 
 def _hashed(policy: RoutingPolicy) -> list[str]:

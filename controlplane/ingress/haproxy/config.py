@@ -50,7 +50,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.ingress.haproxy.balance import SERVER_WEIGHT, server_id
+from controlplane.ingress.haproxy.balance import DEFAULT_BALANCE, SERVER_WEIGHT, server_id
 from controlplane.wire import HTTPLimits
 
 # A buffer this much over max_header_bytes takes a head at the limit with HAProxy's own
@@ -192,7 +192,7 @@ def _backends(routes: dict[str, str], servers: dict[str, dict[str, str]],
     for key in sorted(set(routes.values())):
         backend = backend_name(key)
         lines += [f"backend {backend}",
-                  *balances.get(backend, ["    balance leastconn"]),
+                  *balances.get(backend, DEFAULT_BALANCE),
                   "    option httpchk GET /-/healthz",
                   "    default-server inter 1s fall 2 rise 1"]
         lines += [f"    server {name} {address} id {server_id(name)} weight {SERVER_WEIGHT} "

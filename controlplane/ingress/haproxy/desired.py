@@ -13,7 +13,7 @@ reads it in a thread: each read starts from a copy (``dict(...)`` copies under t
 from __future__ import annotations
 
 from controlplane.ingress.haproxy import membership
-from controlplane.ingress.haproxy.balance import balance_lines
+from controlplane.ingress.haproxy.balance import DEFAULT_BALANCE, balance_lines
 from controlplane.wire import RoutingUpdate
 
 EARLY_S = 10.0  # how long a replica added by a deregistration waits for the long-poll
@@ -61,11 +61,14 @@ class Wanted:
         return {membership.backend_name(k): server_maxconn(u)
                 for k, u in dict(self._deployments).items()}
 
-
     def balances(self) -> dict[str, list[str]]:
-        """Each backend's ``balance`` lines, from its deployment's routing policy."""
-        return {membership.backend_name(k): balance_lines(u.request_router)
-                for k, u in dict(self._deployments).items()}
+        """Each routed backend's ``balance`` lines where its policy is not the default
+        (``render`` gives a backend without lines leastconn): a new p2c deployment, whose
+        policy arrives after its route, costs no second reload."""
+        keys = set(dict(self.routes or {}).values())
+        lines = {membership.backend_name(k): balance_lines(u.request_router)
+                 for k, u in dict(self._deployments).items() if k in keys}
+        return {backend: b for backend, b in lines.items() if b != DEFAULT_BALANCE}
 
 
 def server_maxconn(update: RoutingUpdate) -> int:
