@@ -35,6 +35,9 @@ def add_llm_health_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentP
                    f"the longest engine step (default {DEFAULT_INTERVAL_S:g})")
     p.add_argument("--answer-timeout-s", type=float, default=10.0,
                    help="timeout of the tiny completion sent to an idle server (default 10)")
+    p.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                   help="the servers' --max-num-seqs: a server that restarted between two "
+                   "reads is asked for the tiny answer while one of its N slots is free")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per URL")
     return p
 
@@ -55,7 +58,11 @@ def cmd_llm_health(args: argparse.Namespace) -> int:
     if args.interval_s <= 0 or args.answer_timeout_s <= 0:
         print("error: --interval-s and --answer-timeout-s must be above 0", file=sys.stderr)
         return EXIT_USAGE
-    settings = CheckSettings(interval_s=args.interval_s, answer_timeout_s=args.answer_timeout_s)
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        print("error: --max-num-seqs must be 1 or more", file=sys.stderr)
+        return EXIT_USAGE
+    settings = CheckSettings(interval_s=args.interval_s, answer_timeout_s=args.answer_timeout_s,
+                             slots=args.max_num_seqs)
     reports = check_all(args.urls, args.proxy, UrllibFetcher(), SystemClock(), settings,
                         time.sleep)
     if args.json:

@@ -37,6 +37,7 @@ class CheckSettings:
     models_timeout_s: float = 5.0
     answer_timeout_s: float = 10.0          # the tiny answer: an idle engine gives it at once
     max_reads: int = 6                      # a standalone check gives up waiting for a verdict
+    slots: int | None = None                # the engine's max_num_seqs, where known
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,11 @@ class BackendChecker:
         """One read of /metrics and, only where the table asks, one tiny answer."""
         before = self._state.last
         snapshot, why = self._read_metrics()
-        judgement = judge_read(self._state, snapshot, why)
+        judgement = judge_read(self._state, snapshot, why, self._settings.slots)
         sent = False
-        if judgement.action is Action.ANSWER:
+        if judgement.action in (Action.ANSWER, Action.ANSWER_RESTARTED):
             answer, detail, sent = self._tiny_answer(snapshot.model_name or self._model)
-            judgement = judge_answer(judgement.state, Action.ANSWER, answer, detail)
+            judgement = judge_answer(judgement.state, judgement.action, answer, detail)
         elif judgement.action is Action.BLIND:
             answer, detail, sent = self._blind()
             judgement = judge_answer(judgement.state, Action.BLIND, answer, detail)

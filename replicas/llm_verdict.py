@@ -6,7 +6,10 @@ interval, or (only when the server holds no request at all) send a tiny answer a
 ``judge_answer``. Seed 001's rule: a health check must not use what it protects, so a test
 request is asked for only when running and waiting are both 0, or when the server publishes
 no metrics at all; a server is called stuck only when requests were present and no engine
-step happened across two consecutive intervals.
+step happened across two consecutive intervals. One more case, the seed's: a restart between
+two reads is followed by asking for an answer instead of comparing counters; with requests
+already in the new process, only while a slot is free (fewer running than the engine's
+``max_num_seqs``, none waiting), so the answer never waits for a slot or takes a busy one.
 
 Invariants:
 - progress is compared only between two reads of the same process (``same_process_as``);
@@ -53,12 +56,13 @@ class Event(str, Enum):
     BLIND_ANSWERED = "blind-answered"  # no metrics; /v1/models and the tiny answer came back
     BLIND_NO_ANSWER = "blind-no-answer"  # no metrics; /v1/models answered, the tiny answer did not
     SILENT = "silent"                # no metrics and no /v1/models
+    RESTART_ANSWERED = "restart-answered"  # restarted, requests present, a free slot answered
 
 
 _STRIKES = (Event.NO_PROGRESS, Event.NO_ANSWER)
 _AFTER = {Event.ARRIVED: Phase.UNKNOWN, Event.PROGRESS: Phase.BUSY, Event.ANSWERED: Phase.IDLE,
           Event.BLIND_ANSWERED: Phase.NO_METRICS, Event.BLIND_NO_ANSWER: Phase.NO_METRICS,
-          Event.SILENT: Phase.DEAD}
+          Event.SILENT: Phase.DEAD, Event.RESTART_ANSWERED: Phase.BUSY}
 
 
 def _build_table() -> dict[tuple[Phase, Event], Phase]:
@@ -86,6 +90,8 @@ class Action(str, Enum):
     REPORT = "report"          # the judgement carries a verdict
     READ_AGAIN = "read-again"  # wait one interval, read /metrics again
     ANSWER = "answer"          # idle: send the tiny completion, then judge_answer
+    # restarted between reads with requests present and a slot free: the same completion
+    ANSWER_RESTARTED = "answer-restarted"
     BLIND = "blind"            # no metrics: GET /v1/models, then the tiny completion
 
 
@@ -124,8 +130,11 @@ def _apply(state: CheckState, event: Event, **changes) -> CheckState:
     return replace(state, phase=TRANSITIONS[state.phase, event], **changes)
 
 
-def judge_read(state: CheckState, read: MetricsSnapshot | None, why_none: str = "") -> Judgement:
-    """Judge one read of /metrics (``None``: no usable metrics, for the reason ``why_none``)."""
+def judge_read(state: CheckState, read: MetricsSnapshot | None, why_none: str = "",
+               slots: int | None = None) -> Judgement:
+    """Judge one read of /metrics (``None``: no usable metrics, for the reason ``why_none``).
+    ``slots``: the engine's ``max_num_seqs`` where known (a restarted engine that holds
+    requests is asked for an answer only while one of them is free)."""
     if read is None:
         return Judgement(replace(state, last=None, restarted=False), Action.BLIND,
                          reason=why_none or "no usable /metrics")
@@ -134,9 +143,17 @@ def judge_read(state: CheckState, read: MetricsSnapshot | None, why_none: str = 
     if not read.requests_present:
         return Judgement(replace(state, last=read, restarted=restarted), Action.ANSWER,
                          reason="no request running or waiting")
+    if restarted and _slot_free(read, slots):
+        return Judgement(replace(state, phase=Phase.UNKNOWN, last=read, restarted=True),
+                         Action.ANSWER_RESTARTED,
+                         reason=f"restarted between reads; a slot is free ({read.running:g} "
+                                f"of {slots} running, none waiting)")
     if before is None or not before.requests_present:
-        return _report(_apply(state, Event.ARRIVED, last=read, restarted=restarted),
-                       "requests present; nothing to compare with yet")
+        why = "requests present; nothing to compare with yet"
+        if restarted:
+            why = (f"restarted between reads; no free slot to ask in ({read.running:g} "
+                   f"running, {read.waiting:g} waiting, slots {slots or 'unknown'})")
+        return _report(_apply(state, Event.ARRIVED, last=read, restarted=restarted), why)
     if read.steps > before.steps:
         return _report(_apply(state, Event.PROGRESS, last=read, restarted=False),
                        f"{read.steps - before.steps:g} engine steps since the last read")
@@ -148,8 +165,19 @@ def judge_read(state: CheckState, read: MetricsSnapshot | None, why_none: str = 
                    "one more such interval is stuck")
 
 
+def _slot_free(read: MetricsSnapshot, slots: int | None) -> bool:
+    return slots is not None and read.waiting == 0 and read.running < slots
+
+
 def judge_answer(state: CheckState, asked: Action, answer: Answer, detail: str = "") -> Judgement:
-    """Judge the outcome of the tiny answer that ``asked`` (ANSWER or BLIND) called for."""
+    """Judge the outcome of the tiny answer that ``asked`` (ANSWER, ANSWER_RESTARTED or
+    BLIND) called for."""
+    if asked is Action.ANSWER_RESTARTED:
+        if answer is Answer.OK:
+            return _report(_apply(state, Event.RESTART_ANSWERED),
+                           "restarted between reads; the tiny answer came back in a free slot")
+        return _report(_apply(state, Event.NO_ANSWER),
+                       f"restarted between reads and the tiny answer failed: {detail}")
     if asked is Action.ANSWER:
         event = Event.ANSWERED if answer is Answer.OK else Event.NO_ANSWER
         why = "idle; the tiny answer came back" if answer is Answer.OK else (

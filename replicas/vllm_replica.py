@@ -72,7 +72,7 @@ class VLLMServer:
             self.shutdown()
             raise
         self._settings = CheckSettings(interval_s=health_interval_s,
-                                       answer_timeout_s=answer_timeout_s)
+                                       answer_timeout_s=answer_timeout_s, slots=max_num_seqs)
         self._checker = BackendChecker(self._engine.url, fetcher, self._clock, self._settings)
         # The name the engine serves under (--served-model-name may differ from ``model``).
         served = first_model_id(fetcher.get(self._engine.url + "/v1/models", 5.0)) or model

@@ -154,3 +154,19 @@ def test_check_all_reports_in_the_order_given():
         ("http://a:1", "backend", Verdict.IDLE), ("http://b:1", "backend", Verdict.DEAD),
         ("http://p:2", "proxy", Verdict.NO_METRICS)]
     assert reports[0].to_dict()["verdict"] == "idle"
+
+
+def test_a_restarted_engine_with_work_is_answered_in_a_free_slot_and_reported_busy():
+    b = Bench(slots=2)
+    b.checker = BackendChecker("http://e:8000/v1/", b.fetcher, b.clock,
+                               CheckSettings(interval_s=INTERVAL_S, slots=2))
+    b.fill(2)
+    b.checker.check_once()
+    b.sleep(INTERVAL_S)
+    b.engine.restart()  # in-flight requests fail; one new request lands in the new process
+    b.fill(1)
+    step = b.checker.check_once()
+    report = b.checker.report([step])
+    assert (report.verdict, report.restarted, report.sent_test_request) == (
+        Verdict.BUSY, True, True)
+    assert b.fetcher.requests[-1] == ("POST", "/v1/completions")

@@ -119,3 +119,26 @@ def test_an_idle_server_that_fails_the_tiny_answer_twice_is_stuck():
     assert out[0].action is Action.READ_AGAIN and out[1].verdict is Verdict.STUCK
     out = feed([read(0), read(40)], answers=[Answer.FAILED, Answer.OK])
     assert out[1].verdict is Verdict.IDLE
+
+
+def test_a_restarted_process_with_a_free_slot_is_asked_for_an_answer_in_it():
+    """Seed 001: a restart between reads is followed by asking for an answer; with
+    requests already in the new process, only while one of its slots is free."""
+    before, after = read(0, running=2, steps=500), read(40, running=1, steps=5, start=200.0)
+    j = judge_read(judge_read(CheckState(), before, slots=4).state, after, slots=4)
+    assert j.action is Action.ANSWER_RESTARTED and j.state.restarted
+    done = judge_answer(j.state, j.action, Answer.OK)
+    assert (done.verdict, done.healthy, done.state.restarted) == (Verdict.BUSY, True, True)
+    failed = judge_answer(j.state, j.action, Answer.FAILED, "timed out")
+    assert failed.action is Action.READ_AGAIN and failed.state.phase is Phase.STALLING
+    assert "restarted between reads and the tiny answer failed: timed out" in failed.reason
+
+
+@pytest.mark.parametrize("running, waiting, slots", [(4, 0, 4), (3, 1, 4), (1, 0, None)])
+def test_a_restarted_process_without_a_free_slot_is_read_again_not_asked(
+        running, waiting, slots):
+    before = read(0, running=2, steps=500)
+    after = read(40, running=running, waiting=waiting, steps=5, start=200.0)
+    j = judge_read(judge_read(CheckState(), before, slots=slots).state, after, slots=slots)
+    assert j.action is Action.READ_AGAIN and j.state.restarted
+    assert "no free slot to ask in" in j.reason
