@@ -35,6 +35,10 @@ class ReplicaCallFailed(Exception):
         super().__init__(message)
 
 
+class CallTimedOut(ReplicaCallFailed):
+    """The call did not return within its deadline (the replica may still be working)."""
+
+
 _ACTOR_PREFIX = "fleetplane_replica::"
 
 
@@ -84,7 +88,7 @@ async def call_replica(ref: Any, timeout_s: float | None) -> Any:
     except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
         raise ReplicaDied(first_line(e)) from None
     except asyncio.TimeoutError:
-        raise ReplicaCallFailed(f"timed out after {timeout_s}s") from None
+        raise CallTimedOut(f"timed out after {timeout_s}s") from None
     except RayTaskError as e:  # the user's code raised: keep their traceback
         raise ReplicaCallFailed(str(e)) from None
 

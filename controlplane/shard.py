@@ -267,6 +267,11 @@ class ShardCore:
         if state is not None:
             state.record_model_ids(replica_id, ids)
 
+    def report_start_progress(self, key: tuple[str, str], replica_id: str, text: str) -> None:
+        state = self._reported(key)
+        if state is not None:
+            state.ops.note_start_progress(replica_id, text, self._ops.clock.monotonic())
+
     def report_health(self, key: tuple[str, str], replica_id: str, health: PushedHealth) -> None:
         """A heartbeat: pushed health without a metric report."""
         state = self._reported(key)
@@ -352,6 +357,11 @@ class ControllerShard:
     async def report_request_error(self, key: tuple[str, str], replica_id: str,
                                    error: RequestError) -> None:
         self._core.report_request_error(key, replica_id, error)
+
+    async def report_start_progress(self, key: tuple[str, str], replica_id: str,
+                                    text: str) -> None:
+        """A starting replica says what its constructor is doing (an LLM engine loading)."""
+        self._core.report_start_progress(key, replica_id, text)
 
     async def report_health(self, key: tuple[str, str], replica_id: str,
                             health: PushedHealth) -> None:

@@ -28,6 +28,7 @@ DEPLOYMENT_DEFAULTS: Mapping[str, Any] = {
     "health_check_period_s": 10.0,
     "health_check_timeout_s": 30.0,
     "graceful_shutdown_timeout_s": 20.0,
+    "replica_start_timeout_s": None,  # fleetplane's own: the shard's default (300 s)
     "backpressure_config": {"status_code": 503, "retry_after_s": None,
                             "retry_after_policy": "static"},
     "request_router_config": None,  # power of two choices
@@ -68,6 +69,8 @@ class DeploymentSpec:
     direct_ingress: DirectIngressInit | None = None
     # request_router_config as routers take it (routing.policies.RoutingPolicy's fields)
     request_router: Mapping[str, Any] = field(default_factory=dict)
+    # a start's deadline (placement, constructor, first check); None: the shard's default
+    replica_start_timeout_s: float | None = None
 
     @property
     def user_config_version(self) -> str:

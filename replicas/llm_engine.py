@@ -36,6 +36,7 @@ PLACEHOLDERS = ("model", "host", "port", "tensor_parallel_size", "max_num_seqs",
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 _GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm_engine_guard.py")
 TAIL_LINES = 40
+PROGRESS_EVERY_S = 10.0  # a loading engine's latest line, told at most this often
 
 
 class EngineStartError(Exception):
@@ -101,10 +102,19 @@ class EngineProcess:
         return "\n".join(self._tail)
 
     def wait_ready(self, fetcher: Fetcher, clock: Clock, timeout_s: float,
-                   sleep: Callable[[float], None], poll_s: float = 0.25) -> None:
-        """Until /v1/models answers; raises EngineStartError if it exits or time runs out."""
+                   sleep: Callable[[float], None], poll_s: float = 0.25,
+                   progress: Callable[[str], None] | None = None) -> None:
+        """Until /v1/models answers; raises EngineStartError if it exits or time runs out.
+        ``progress`` hears the engine's latest output line when it changed, at most once
+        per ``PROGRESS_EVERY_S`` (what a loading engine is doing, for status)."""
         deadline = clock.monotonic() + timeout_s
+        told, told_at = "", -PROGRESS_EVERY_S
         while True:
+            line = self._tail[-1] if self._tail else ""
+            if progress is not None and line != told and \
+                    clock.monotonic() - told_at >= PROGRESS_EVERY_S:
+                told, told_at = line, clock.monotonic()
+                progress(line)
             code = self.exit_code()
             if code is not None:
                 raise EngineStartError(self._failure(f"the engine exited with status {code}"))

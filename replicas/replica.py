@@ -31,7 +31,7 @@ from controlplane.routing.serve_api import install_serve_api
 from controlplane.settings import Settings
 from controlplane.wire import (DeploymentRef, HTTPRequestData, MetricReport, PushedHealth,
                                ReplicaDescription, ReplicaInit, RequestError, RequestMeta)
-from replicas.context import ReplicaContext, set_replica_context
+from replicas.context import ReplicaContext, set_replica_context, set_start_reporter
 from replicas.serve_context import (ModelIds, ServeIdentity, install_replica_context,
                                     serve_in_use, set_request_context)
 from replicas.direct_ingress import DirectIngress, DirectIngressApp
@@ -112,16 +112,27 @@ class Replica:
         self._user = UserCallable(target, args, kwargs, resolve_arg=self._resolve_arg)
         self._set_context()  # Serve's too, now that the user's modules are imported
         ModelIds(self._on_model_ids).install()
-        await self._user.construct()
-        self._set_context()  # now with the servable object
-        await self._user.reconfigure(self._init.user_config, self._serve_rank())
-        shard = ray.get_actor(self._init.shard_name, namespace=self._init.namespace)
-        self._health = self._make_health(shard)
-        await self._health.start()  # a failing fresh check fails initialization
+        i = self._init
+        shard = ray.get_actor(i.shard_name, namespace=i.namespace)
+        set_start_reporter(lambda text: shard.report_start_progress.remote(
+            (i.app_name, i.deployment), i.replica_id, text))
+        try:
+            await self._start_user_code(shard)
+        finally:
+            set_start_reporter(None)
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever(shard))
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id(), "pid": os.getpid(),
                 "http_address": await self._start_ingress()}
+
+    async def _start_user_code(self, shard: Any) -> None:
+        """Construct, configure, and pass a fresh health check (the user's constructor may
+        say what it is doing meanwhile: ``context.report_start_progress``)."""
+        await self._user.construct()
+        self._set_context()  # now with the servable object
+        await self._user.reconfigure(self._init.user_config, self._serve_rank())
+        self._health = self._make_health(shard)
+        await self._health.start()  # a failing fresh check fails initialization
 
     async def _start_ingress(self) -> str | None:
         """Haproxy mode: listen for HTTP on an ephemeral port; the address goes to the

@@ -27,6 +27,7 @@ import weakref
 from typing import Any, Sequence
 
 from controlplane.clock import Clock, SystemClock
+from replicas.context import report_start_progress
 from replicas.llm_client import EngineClient, EngineRequestError
 from replicas.llm_engine import DEFAULT_COMMAND, EngineProcess, free_port, render_command
 from replicas.llm_health import (DEFAULT_INTERVAL_S, BackendChecker, CheckSettings, CheckStep,
@@ -63,14 +64,20 @@ class VLLMServer:
             "tensor_parallel_size": tensor_parallel_size, "python": sys.executable}, extra_args)
         self._engine = EngineProcess(argv, host, port, env)
         self._engine.start()
+        report_start_progress(f"engine started (pid {self._engine.pid}); loading the model")
         # No engine outlives its replica: at garbage collection or interpreter exit too.
         self._finalizer = weakref.finalize(self, self._engine.stop)
         fetcher = UrllibFetcher()
         try:
-            self._engine.wait_ready(fetcher, self._clock, startup_timeout_s, time.sleep)
+            self._engine.wait_ready(
+                fetcher, self._clock, startup_timeout_s, time.sleep,
+                progress=lambda line: report_start_progress(
+                    f"loading the model; engine says: {line[-120:]}" if line
+                    else "loading the model"))
         except BaseException:
             self.shutdown()
             raise
+        report_start_progress("engine answered /v1/models; first health check pending")
         self._settings = CheckSettings(interval_s=health_interval_s,
                                        answer_timeout_s=answer_timeout_s, slots=max_num_seqs)
         self._checker = BackendChecker(self._engine.url, fetcher, self._clock, self._settings)

@@ -165,6 +165,7 @@ MemoryBytes = count(0, MAX_MEMORY_BYTES, "bytes")
 CustomResource = amount(MAX_CUSTOM_RESOURCE)
 Shards = count(1, MAX_SHARDS, "shards")
 BuildTimeoutSeconds = seconds(1, MAX_BUILD_TIMEOUT_S)
+StartSeconds = seconds(1)  # a replica's start deadline: up to a day
 # Any finite number, no bool: for fields of Ray Serve's schema fleetplane does not act on.
 FiniteFloat = number(Bound())
 NonNegativeFloat = number(Bound(0))

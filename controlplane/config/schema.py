@@ -39,7 +39,7 @@ from pydantic_core import PydanticCustomError
 from controlplane.config.bounds import (
     AtLeastOneReplica, Cpus, CustomResource, DelaySeconds, Gpus,
     HealthCheckSeconds, MemoryBytes, OngoingRequests, PeriodSeconds, QueuedRequests, Replicas,
-    TargetOngoingRequests, check_depth, check_user_config_size, route_prefix_problem)
+    StartSeconds, TargetOngoingRequests, check_depth, check_user_config_size, route_prefix_problem)
 from controlplane.config.options import MODEL_CONFIG as _MODEL_CONFIG
 from controlplane.config.options import (BackpressureConfig, ControllerOptions,  # noqa: F401
                                          HTTPOptions)  # re-exported: users import them here
@@ -51,6 +51,7 @@ from controlplane.config.serve_compat import (
     ignored_fields, resolve_auto, unset_fields)
 from controlplane.config.yaml_file import read_yaml_file
 from controlplane.errors import ConfigError
+from controlplane.specs import DEPLOYMENT_DEFAULTS
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +195,10 @@ class DeploymentOptions(BaseModel):
     graceful_shutdown_timeout_s: DelaySeconds | None = Field(
         None, description="Seconds a stopping replica may spend draining."
     )
+    replica_start_timeout_s: StartSeconds | None = Field(
+        None, description="Seconds a replica may take to start (placement, constructor, first "
+        "health check) before it is killed and retried; fleetplane's own (Serve has none). "
+        "Default: 300, or an LLM engine's startup_timeout_s + 60.")
     backpressure_config: BackpressureConfig | None = Field(None, description="How shed requests end.")
     request_router_config: RequestRouterConfig | None = Field(
         None, description="How requests are placed on replicas (controlplane/routing/policies.py).")
@@ -203,6 +208,18 @@ class DeploymentOptions(BaseModel):
     @classmethod
     def _user_config_is_json(cls, value: Any) -> Any:
         return check_user_config_size(_as_json(value))
+
+    @model_validator(mode="after")
+    def _start_outlasts_a_health_period(self) -> DeploymentOptions:
+        start, period = self.replica_start_timeout_s, self.health_check_period_s
+        period = DEPLOYMENT_DEFAULTS["health_check_period_s"] if period is None else period
+        if start is not None and start <= period:
+            raise _conflict(
+                [f"replica_start_timeout_s ({start:g}) must be longer than health_check_period_s "
+                 f"({period:g}): a start includes the first health check; raise "
+                 "replica_start_timeout_s or lower health_check_period_s"],
+                field="replica_start_timeout_s")
+        return self
 
     @model_validator(mode="after")
     def _one_way_to_size(self) -> DeploymentOptions:

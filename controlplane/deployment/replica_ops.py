@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 from controlplane.clock import Clock
-from controlplane.deployment.lifecycle import ReplicaEvent
+from controlplane.deployment.lifecycle import ReplicaEvent, ReplicaState
 from controlplane.deployment.work import WorkTotals
 from controlplane.health.gate import ProbeOutcome, ProbeResult
-from controlplane.replica_client import (ReplicaCallFailed, ReplicaClient, ReplicaDied,
-                                         replica_actor_name)
+from controlplane.replica_client import (CallTimedOut, ReplicaCallFailed, ReplicaClient,
+                                         ReplicaDied, replica_actor_name)
 from controlplane.settings import Settings
 from controlplane.specs import DeploymentSpec
 from controlplane.wire import DirectIngressInit, ReplicaInit
@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 _NAME_TRIES = 100  # names skipped when detached actors of an earlier shard still hold them
 
 Spawn = Callable[[Coroutine], Any]
+_PROGRESS_CHARS = 200  # a replica's word on its start, as status shows it
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,16 @@ class ReplicaOps:
         # make, less the replica's id and rank: one per spec version and target, not one
         # per start
         self._template: tuple | None = None
-        self.start_timeout_s = context.settings.shard.replica_start_timeout_s
+        # what starting replicas said they are doing: replica id -> (text, since); an
+        # entry lives from the replica's first word until its start ends
+        self._progress: dict[str, tuple[str, float]] = {}
+
+    @property
+    def start_timeout_s(self) -> float:
+        """The deployment's start deadline (``replica_start_timeout_s`` of its config), or
+        the shard's default; getattr: a spec checkpointed before the field has none."""
+        own = getattr(self._d.spec, "replica_start_timeout_s", None)
+        return own if own is not None else self._ctx.settings.shard.replica_start_timeout_s
 
     # ---- start ------------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -129,16 +139,33 @@ class ReplicaOps:
         try:
             info = await self._client.initialize(handle, timeout_s)
         except Exception as e:  # any failure to start, typed or not, must end STARTING
+            said = self._progress.pop(replica_id, None)
+            if said is not None and isinstance(e, (asyncio.TimeoutError, CallTimedOut)):
+                e = CallTimedOut(f"last said: {said[0]}")
             self._client.kill(handle)
             d.start_failed(replica_id, _start_failure(e, timeout_s, d.spec.ray_actor_options),
                            self._clock.monotonic())
             return
+        self._progress.pop(replica_id, None)
         if not d.replica_started(replica_id, info, self._clock.monotonic()):
             return
         try:  # ``_watch_death``'s body, in the same coroutine: one task and frame per life
             await self._client.wait_until_stopped(handle)
         except (ReplicaDied, ReplicaCallFailed) as e:
             self._death_watch_ended(replica_id, e)
+
+    def note_start_progress(self, replica_id: str, text: str, now: float) -> None:
+        """A starting replica's own word on its start (``report_start_progress``); kept
+        only while it starts, and its ``since`` only while the words stay the same."""
+        record = self._d.book.get(replica_id)
+        if record is None or record.state is not ReplicaState.STARTING or not text:
+            return  # late: the start ended (a word in flight must not outlive it)
+        said = self._progress.get(replica_id)
+        if said is None or said[0] != text:
+            self._progress[replica_id] = (str(text)[:_PROGRESS_CHARS], now)
+
+    def start_progress(self, replica_id: str) -> tuple[str, float] | None:
+        return self._progress.get(replica_id)
 
     def start_phase(self, replica_id: str) -> str:
         handle = self._d.book.handle(replica_id)
@@ -284,10 +311,13 @@ class ReplicaOps:
 
 
 def _start_failure(error: Exception, timeout_s: float, actor_options: Any) -> str:
-    if isinstance(error, (ReplicaDied, ReplicaCallFailed)):
-        return str(error)
-    if isinstance(error, asyncio.TimeoutError):
+    if isinstance(error, (asyncio.TimeoutError, CallTimedOut)):
+        said = str(error) if str(error).startswith("last said: ") else ""
         return (f"not started within replica_start_timeout_s ({timeout_s:g}s): its "
                 f"constructor or first health check was still running, or Ray found no node "
-                f"with room for it (ray_actor_options {dict(actor_options)})")
+                f"with room for it (ray_actor_options {dict(actor_options)})"
+                + (f"; {said}" if said else "")
+                + "; raise replica_start_timeout_s in the deployment's config if it needs longer")
+    if isinstance(error, (ReplicaDied, ReplicaCallFailed)):
+        return str(error)
     return f"{type(error).__name__}: {error}"

@@ -39,7 +39,7 @@ class Reported(Protocol):
     health: DeploymentHealth
     rollout: Rollout
     routing: DeploymentRouting
-    ops: Any  # ReplicaOps: start_phase, start_timeout_s
+    ops: Any  # ReplicaOps: start_phase, start_progress, start_timeout_s
     autoscaler: Any  # Autoscaler: active
 
     def snapshot(self, now: float) -> DeploymentSnapshot: ...
@@ -96,12 +96,23 @@ def _replicas(d: Reported, now: float) -> list[dict]:
     for r in records:
         row = _replica(d, r)
         if r.state == ReplicaState.STARTING and not r.message:
-            phase = d.ops.start_phase(r.replica_id) if explained < _EXPLAINED_STARTS else ""
+            row["message"] = _starting(d, r, now, explained < _EXPLAINED_STARTS)
             explained += 1
-            row["message"] = (f"{phase or 'starting'} for {now - r.started_at:.0f}s "
-                              f"(gives up after {d.ops.start_timeout_s:g}s and retries)")
         rows.append(row)
     return rows
+
+
+def _starting(d: Reported, r: ReplicaRecord, now: float, ask_ray: bool) -> str:
+    """What a starting replica is doing: its own word where it gave one (an LLM engine
+    loading its weights), else Ray's actor state (``ask_ray``: one call), for how long."""
+    deadline = f"gives up after {d.ops.start_timeout_s:g}s and retries"
+    said = d.ops.start_progress(r.replica_id)
+    if said is not None:
+        text, since = said
+        return (f"{text} for {now - since:.0f}s "
+                f"(starting for {now - r.started_at:.0f}s; {deadline})")
+    phase = d.ops.start_phase(r.replica_id) if ask_ray else ""
+    return f"{phase or 'starting'} for {now - r.started_at:.0f}s ({deadline})"
 
 
 def _replica(d: Reported, r: ReplicaRecord) -> dict:

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ValidationError
 from controlplane.deployment.autoscaling import AutoscalingPolicy, initial_target
 from controlplane.config.request_router import RequestRouterConfig
 from controlplane.config.schema import AutoscalingConfig, DeploymentConfig, check_deployment_options
-from controlplane.usercode.code_fit import check_constructor, check_user_config
+from controlplane.usercode.code_fit import check_constructor, check_user_config, start_deadline
 from controlplane.config.serve_compat import AUTO_AUTOSCALING
 from controlplane.errors import BuildError, ConfigError, exception_line
 from controlplane.usercode.import_path import import_target
@@ -343,6 +343,8 @@ def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, A
         health_check_period_s=float(options["health_check_period_s"]),
         health_check_timeout_s=float(options["health_check_timeout_s"]),
         graceful_shutdown_timeout_s=float(options["graceful_shutdown_timeout_s"]),
+        replica_start_timeout_s=start_deadline(app_config["name"], found,
+                                               options["replica_start_timeout_s"]),
         backpressure_config=backpressure, ray_actor_options=actor_options,
         route_prefix=app_config.get("route_prefix") if ingress else None,
         runtime_env=runtime_env,

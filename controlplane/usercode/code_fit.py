@@ -4,7 +4,10 @@ deployment and the field instead (``BuildError``):
 
 - constructor arguments the class does not take, or required ones not given
   (``inspect.signature(cls).bind``), named by where they come from (``ARGS_FROM``);
-- a ``user_config`` with no ``reconfigure(self, config)`` to receive it.
+- a ``user_config`` with no ``reconfigure(self, config)`` to receive it;
+- a start deadline (``replica_start_timeout_s``) shorter than the engine start the class
+  is told to wait for (``startup_timeout_s``, ``VLLMServer``'s), which would cut every cold
+  start of a large model short (``start_deadline``).
 
 A class whose signature cannot be read (a C type) is left to the replica.
 """
@@ -15,6 +18,11 @@ import inspect
 from typing import Any
 
 from controlplane.errors import BuildError
+
+ENGINE_START_ARG = "startup_timeout_s"  # VLLMServer's: how long its engine may take to load
+# After the engine answers, the replica still runs its first health check and its own
+# setup: seconds a derived deadline leaves for them.
+AFTER_ENGINE_S = 60.0
 
 # Where constructor arguments come from: what the error calls them, and the fix it offers.
 ARGS_FROM = {
@@ -61,3 +69,33 @@ def _bare(signature: inspect.Signature) -> inspect.Signature:
     return signature.replace(
         parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
         return_annotation=inspect.Signature.empty)
+
+
+def start_deadline(app: str, found: Any, configured: float | None) -> float | None:
+    """A deployment's start deadline: ``configured`` (``replica_start_timeout_s``), which
+    must not be shorter than its engine's ``startup_timeout_s``; unset, that engine start
+    plus ``AFTER_ENGINE_S`` for a class that takes one, else None (the shard's default)."""
+    engine_s = _engine_start_s(found.target, found.kwargs)
+    if configured is None:
+        return None if engine_s is None else engine_s + AFTER_ENGINE_S
+    if engine_s is not None and configured < engine_s:
+        raise BuildError(app, f"deployment '{found.name}': replica_start_timeout_s "
+                         f"({configured:g}) is shorter than its engine's {ENGINE_START_ARG} "
+                         f"({engine_s:g}): every start would be cut at {configured:g}s; raise "
+                         f"replica_start_timeout_s to {engine_s + AFTER_ENGINE_S:g} or more, or "
+                         f"lower {ENGINE_START_ARG}")
+    return configured
+
+
+def _engine_start_s(target: Any, kwargs: dict) -> float | None:
+    if not isinstance(target, type):
+        return None
+    value = kwargs.get(ENGINE_START_ARG)
+    if value is None:
+        try:
+            param = inspect.signature(target).parameters.get(ENGINE_START_ARG)
+        except (TypeError, ValueError):  # a C type: no signature to read
+            return None
+        value = None if param is None or param.default is param.empty else param.default
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None

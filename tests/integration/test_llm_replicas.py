@@ -113,3 +113,16 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_loading_engine_says_so_in_status_under_its_derived_start_deadline(fleet):
+    """The engine takes 4 s to load: meanwhile status shows the replica's own word on its
+    start, and the deadline the engine's startup_timeout_s (60) set: 60 + 60 s."""
+    deploy(fleet, llm_app("llmslow", "--startup-delay-s", "4"))
+    said = wait_for(fleet, lambda s: "loading the model" in (only_replica(
+        s, "llmslow")["message"] if dep_status(s, "llmslow", DEP)["replicas"] else ""),
+        timeout_s=30, what="the loading replica's word in status")
+    row = only_replica(said, "llmslow")
+    assert row["state"] == "STARTING" and "gives up after 120s and retries" in row["message"]
+    status = wait_for(fleet, settled("llmslow", 1, DEP), what="the slow replica RUNNING")
+    assert only_replica(status, "llmslow")["message"] == ""

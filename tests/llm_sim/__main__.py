@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --step-rate-hz must be 0 (steps only when told) or above",
               file=sys.stderr)
         return 2
-    time.sleep(args.startup_delay_s)
+    if args.startup_delay_s > 0:  # what a loading engine prints, for status to show
+        print(f"loading weights (simulated: {args.startup_delay_s:g}s)", flush=True)
+        time.sleep(args.startup_delay_s)
     engine = SimEngine(args.model, args.slots, time.time,
                        publish_start_time=not args.no_start_time,
                        prefill_tokens_per_step=args.prefill_tokens_per_step,

@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.replica_client import ReplicaDied
+from controlplane.replica_client import CallTimedOut, ReplicaDied
 from controlplane.specs import DeploymentSpec
 from controlplane.wire import ReplicaDescription, ReplicaInit
 
@@ -58,6 +58,9 @@ class FakeReplicaClient:
         self._held: dict[tuple[str, str], asyncio.Future] = {}
         self._watches: dict[str, asyncio.Future] = {}  # replica id -> pending death watch
         self.phases: dict[str, str] = {}  # replica id -> what start_phase says
+        # virtual seconds each start takes, against the deadline the shard passes (as the
+        # Ray client's wait_for does); None: at once
+        self.start_s: float | None = None
 
     # ---- test controls --------------------------------------------------------------
     @property
@@ -139,6 +142,11 @@ class FakeReplicaClient:
 
     async def initialize(self, handle: FakeHandle, timeout_s: float) -> dict:
         await self._outcome("initialize", handle, (timeout_s,))
+        if self.start_s is not None:
+            try:
+                await asyncio.wait_for(asyncio.sleep(self.start_s), timeout_s)
+            except asyncio.TimeoutError:
+                raise CallTimedOut(f"timed out after {timeout_s}s") from None
         handle.initialized = True
         return {"actor_id": f"actor-{handle.replica_id}", "node_id": handle.node_id}
 
