@@ -267,6 +267,12 @@ class ShardCore:
         if state is not None:
             state.record_model_ids(replica_id, ids)
 
+    def report_autoscaling_stats(self, key: tuple[str, str], replica_id: str,
+                                 stats: dict) -> None:
+        state = self._reported(key)
+        if state is not None:
+            state.record_engine_stats(replica_id, stats, self._ops.clock.monotonic())
+
     def report_start_progress(self, key: tuple[str, str], replica_id: str, text: str) -> None:
         state = self._reported(key)
         if state is not None:
@@ -357,6 +363,12 @@ class ControllerShard:
     async def report_request_error(self, key: tuple[str, str], replica_id: str,
                                    error: RequestError) -> None:
         self._core.report_request_error(key, replica_id, error)
+
+    async def report_autoscaling_stats(self, key: tuple[str, str], replica_id: str,
+                                       stats: dict) -> None:
+        """A replica's ``record_autoscaling_stats()`` (an LLM engine's running, waiting,
+        KV-cache use, TTFT), sent when it changed: the LLM autoscaling policy's input."""
+        self._core.report_autoscaling_stats(key, replica_id, stats)
 
     async def report_start_progress(self, key: tuple[str, str], replica_id: str,
                                     text: str) -> None:

@@ -218,6 +218,9 @@ class RoutingUpdate:
     demand: ClusterDemand | None = None  # cluster_informed only: the latest total
     # the routing policy (routing.policies.RoutingPolicy's fields, sorted); () is p2c
     request_router: tuple[tuple[str, Any], ...] = ()
+    # scale from zero (autoscaling min_replicas 0): seconds a request may wait for the
+    # first replica (autoscaling_config.cold_start_hold_s); None: never scaled to zero
+    cold_hold_s: float | None = None
 
 
 @dataclass(frozen=True)

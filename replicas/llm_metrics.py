@@ -25,6 +25,9 @@ START_TIME = "process_start_time_seconds"  # absent when vLLM runs several API s
 # KV-cache use, 0-1 (vLLM v1's name since 0.10; gpu_cache_usage_perc before): the kv_load
 # routing policies read it through VLLMServer.record_routing_stats, never the check.
 KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# Time to first token, a histogram (its cumulative ``_bucket`` samples by ``le``): the LLM
+# autoscaling policy reads its p90 between two reads (``ttft_quantile``), never the check.
+TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
 _REQUIRED = (RUNNING, WAITING, STEPS)
 _SUMMED = (RUNNING, WAITING, STEPS, GENERATION_TOKENS)
 
@@ -47,6 +50,8 @@ class MetricsSnapshot:
     start_time_s: float | None   # process start (epoch s); None with several API servers
     model_name: str | None = None  # from the ``model_name`` label, for the tiny answer
     kv_cache_usage: float | None = None  # the fullest engine's, 0-1; None when not served
+    # cumulative TTFT counts by upper bound (summed over engines), ascending; () when absent
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
 
     @property
     def requests_present(self) -> bool:
@@ -74,6 +79,7 @@ def parse_metrics(text: str, at_s: float) -> MetricsSnapshot:
     start_time: float | None = None
     kv_usage: float | None = None
     model_name: str | None = None
+    ttft: dict[float, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -84,6 +90,9 @@ def parse_metrics(text: str, at_s: float) -> MetricsSnapshot:
                     start_time = sample.value
                 elif sample.name in KV_CACHE_USAGE:  # a fraction: the fullest engine's
                     kv_usage = max(kv_usage or 0.0, sample.value)
+                elif sample.name == TTFT_BUCKET:
+                    bound = float(sample.labels.get("le", "inf"))
+                    ttft[bound] = ttft.get(bound, 0.0) + sample.value
     except ValueError as e:  # prometheus_client's parser rejects malformed text this way
         raise MetricsUnusable(f"/metrics is not Prometheus text: {e}") from None
     missing = [name for name in _REQUIRED if name not in sums]
@@ -92,4 +101,41 @@ def parse_metrics(text: str, at_s: float) -> MetricsSnapshot:
     return MetricsSnapshot(at_s=at_s, running=sums[RUNNING], waiting=sums[WAITING],
                            steps=sums[STEPS], generation_tokens=sums.get(GENERATION_TOKENS, 0.0),
                            start_time_s=start_time, model_name=model_name,
-                           kv_cache_usage=kv_usage)
+                           kv_cache_usage=kv_usage, ttft_buckets=tuple(sorted(ttft.items())))
+
+
+def engine_stats(before: MetricsSnapshot | None, after: MetricsSnapshot,
+                 slots: int) -> dict[str, float]:
+    """One read, as the LLM autoscaling policy takes it (``record_autoscaling_stats``):
+    requests running and waiting, the engine's slots, KV-cache use where served, and the
+    TTFT p90 of the requests that got their first token since the read before."""
+    stats = {"running": after.running, "waiting": after.waiting, "slots": float(slots)}
+    if after.kv_cache_usage is not None:
+        stats["kv_cache_usage"] = after.kv_cache_usage
+    p90 = ttft_quantile(before, after, 0.9)
+    if p90 is not None:
+        stats["ttft_p90_s"] = p90
+    return stats
+
+
+def ttft_quantile(before: MetricsSnapshot | None, after: MetricsSnapshot,
+                  q: float = 0.9) -> float | None:
+    """The ``q`` quantile of the TTFTs observed between two reads of one process, as
+    Prometheus' ``histogram_quantile`` computes it (linear within a bucket; the last finite
+    bound for the +Inf bucket); None when nothing was observed between them."""
+    if before is None or not after.same_process_as(before) or not after.ttft_buckets:
+        return None
+    earlier = dict(before.ttft_buckets)
+    deltas = [(bound, count - earlier.get(bound, 0.0)) for bound, count in after.ttft_buckets]
+    total = deltas[-1][1] if deltas else 0.0
+    if total <= 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound, cumulative in deltas:
+        if cumulative >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, cumulative
+    return lower

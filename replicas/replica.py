@@ -38,6 +38,7 @@ from replicas.direct_ingress import DirectIngress, DirectIngressApp
 from replicas.asgi_websocket import WebSocketSession, websocket_scope
 from replicas.http_adapter import asgi_scope, is_streaming, response_parts, unary_response
 from replicas.node_reporter import report_sender
+from replicas.report_sender import AutoscalingStatsSender
 from replicas.replica_health import ReplicaHealth
 from replicas.request_errors import RequestErrors
 from replicas.self_health import HealthCheckFailed
@@ -422,11 +423,13 @@ class Replica:
 
     async def _report_forever(self, shard: Any) -> None:
         sender = report_sender(self._init, shard, self._clock)
+        stats = AutoscalingStatsSender(self._init, shard, self._clock)
         while True:
             try:  # at most one report in flight: await it before the next
                 report = self._report()
                 self._health.report_sent()
                 await sender.send(report)
+                stats.maybe_send(self._user.autoscaling_stats())
             except Exception as e:  # the shard may be restarting; keep reporting
                 logger.warning("metric report to %s failed: %r", self._init.shard_name, e)
             await asyncio.sleep(self._init.metrics_report_interval_s)

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 RETRY_REPORTER_S = 30.0
 START_TIMEOUT_S = 60.0  # a found reporter that has not answered ``ready`` by then failed
 FIRST_WAIT_S = 1.0  # how long a report waits, once, for a reporter just found
+STATS_REFRESH_S = 30.0  # unchanged autoscaling stats are sent again this often
 
 
 class ReportSender:
@@ -111,3 +112,25 @@ class ReportSender:
         self._reporter, self._starting = None, None
         self._retry_at = self._clock.monotonic() + RETRY_REPORTER_S
         return False
+
+
+class AutoscalingStatsSender:
+    """A replica's ``record_autoscaling_stats()`` to its shard, beside the load reports:
+    sent when it changed, and again every ``STATS_REFRESH_S`` so a restarted shard learns
+    it; never when the replica has none. Fire and forget: one small call per change (an
+    LLM engine's change at most once per health-check read of its ``/metrics``)."""
+
+    def __init__(self, init: Any, shard: Any, clock: Clock) -> None:
+        self._key = (init.app_name, init.deployment)
+        self._replica_id = init.replica_id
+        self._shard, self._clock = shard, clock
+        self._sent: dict[str, float] | None = None
+        self._sent_at = float("-inf")
+
+    def maybe_send(self, stats: dict[str, float] | None) -> bool:
+        now = self._clock.monotonic()
+        if stats is None or (stats == self._sent and now - self._sent_at < STATS_REFRESH_S):
+            return False
+        self._shard.report_autoscaling_stats.remote(self._key, self._replica_id, stats)
+        self._sent, self._sent_at = stats, now
+        return True

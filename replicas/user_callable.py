@@ -118,6 +118,24 @@ class UserCallable:
         value = stats.get("kv_cache_usage") if isinstance(stats, dict) else None
         return float(value) if isinstance(value, (int, float)) else None
 
+    def autoscaling_stats(self) -> dict[str, float] | None:
+        """The user's ``record_autoscaling_stats()`` (Serve's custom-metrics hook): a dict
+        of numbers, or None without a (plain, not async) one or when it is malformed. It
+        must only read what it already has: it runs on the replica's loop."""
+        fn = self._method("record_autoscaling_stats")
+        if fn is None or inspect.iscoroutinefunction(fn):
+            return None
+        try:
+            stats = fn()
+        except Exception:  # a broken hook costs the signal, never the report
+            logger.debug("record_autoscaling_stats raised", exc_info=True)
+            return None
+        if not isinstance(stats, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                for k, v in stats.items()):
+            return None
+        return {k: float(v) for k, v in stats.items()}
+
     async def reconfigure(self, user_config: Any, rank: Any = None) -> None:
         """Serve's rule: ``reconfigure(user_config)``, with ``rank=`` as well when the
         method has a ``rank`` parameter (then it runs even without a user_config)."""

@@ -33,6 +33,7 @@ from replicas.llm_engine import DEFAULT_COMMAND, EngineProcess, free_port, rende
 from replicas.llm_health import (DEFAULT_INTERVAL_S, BackendChecker, CheckSettings, CheckStep,
                                  first_model_id)
 from replicas.llm_http import UrllibFetcher
+from replicas.llm_metrics import MetricsSnapshot, engine_stats
 from replicas.llm_restart import Decision, RestartPolicy
 from replicas.llm_verdict import Action, Verdict
 
@@ -89,6 +90,9 @@ class VLLMServer:
         self._verdict: Verdict | None = None  # the latest verdict reported
         self._checks = 0
         self._kv_cache_usage: float | None = None  # from the last /metrics the check read
+        self._max_num_seqs = max_num_seqs
+        self._engine_stats: dict[str, float] = {}  # what the last read says, for scaling
+        self._previous_read: MetricsSnapshot | None = None
         self._health_task: asyncio.Task | None = None
 
     # ---- traffic -------------------------------------------------------------------------------
@@ -139,6 +143,9 @@ class VLLMServer:
         self._checks += 1
         if step.snapshot is not None:
             self._kv_cache_usage = step.snapshot.kv_cache_usage
+            self._engine_stats = engine_stats(self._previous_read, step.snapshot,
+                                              self._max_num_seqs)
+            self._previous_read = step.snapshot
         j = step.judgement
         if j.action is not Action.REPORT:
             return self._decide(None, j.reason, step)
@@ -160,6 +167,13 @@ class VLLMServer:
         ``/metrics`` (the kv_load routing policies). Reads what the check has; never asks
         the engine (a probe must not wait)."""
         return {} if self._kv_cache_usage is None else {"kv_cache_usage": self._kv_cache_usage}
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom-metrics hook (``record_autoscaling_stats``): what the last check
+        read of ``/metrics`` (running, waiting, KV-cache use, TTFT p90 since the read
+        before, and the engine's slots), for the LLM autoscaling policy. Reads what the
+        check has; never asks the engine."""
+        return dict(self._engine_stats)
 
     def statistics(self) -> dict:
         """A snapshot: engine, last check, restart decision."""

@@ -166,6 +166,7 @@ CustomResource = amount(MAX_CUSTOM_RESOURCE)
 Shards = count(1, MAX_SHARDS, "shards")
 BuildTimeoutSeconds = seconds(1, MAX_BUILD_TIMEOUT_S)
 StartSeconds = seconds(1)  # a replica's start deadline: up to a day
+Fraction = number(Bound(0, 1, "", above=True))  # (0, 1]
 # Any finite number, no bool: for fields of Ray Serve's schema fleetplane does not act on.
 FiniteFloat = number(Bound())
 NonNegativeFloat = number(Bound(0))

@@ -39,7 +39,7 @@ from pydantic_core import PydanticCustomError
 from controlplane.config.bounds import (
     AtLeastOneReplica, Cpus, CustomResource, DelaySeconds, Gpus,
     HealthCheckSeconds, MemoryBytes, OngoingRequests, PeriodSeconds, QueuedRequests, Replicas,
-    StartSeconds, TargetOngoingRequests, check_depth, check_user_config_size, route_prefix_problem)
+    Fraction, StartSeconds, TargetOngoingRequests, check_depth, check_user_config_size, route_prefix_problem)
 from controlplane.config.options import MODEL_CONFIG as _MODEL_CONFIG
 from controlplane.config.options import (BackpressureConfig, ControllerOptions,  # noqa: F401
                                          HTTPOptions)  # re-exported: users import them here
@@ -103,10 +103,31 @@ RuntimeEnvDict = Annotated[RuntimeEnvField, AfterValidator(_as_json)]
 Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
 
 
+# Scale from zero: how long a request may wait for the first replica. Long enough that a
+# replica that starts in seconds answers the held request; short enough that a client
+# with a 60 s timeout (common for load balancers) gets a 503 and a Retry-After in time.
+COLD_START_HOLD_S = 30.0
+
+
+class LLMScalingConfig(BaseModel):
+    """``autoscaling_config.llm``: scale an LLM deployment on its engines' signals
+    (``controlplane/deployment/llm_scaling.py``) instead of ongoing requests."""
+
+    model_config = _MODEL_CONFIG
+
+    target_fill: Fraction = Field(
+        0.75, description="(running + waiting) per replica as a fraction of its engine's "
+        "slots (max_num_seqs).")
+    kv_cache_high: Fraction = Field(
+        0.9, description="KV-cache use that, with requests waiting, asks for a replica.")
+    ttft_target_s: PeriodSeconds | None = Field(
+        None, description="An engine's TTFT p90 above this asks for a replica; None: off.")
+
+
 class AutoscalingConfig(BaseModel):
     model_config = _MODEL_CONFIG
 
-    min_replicas: Replicas = Field(1, description="Fewest replicas (at least 1 for now).")
+    min_replicas: Replicas = Field(1, description="Fewest replicas; 0 scales to zero when idle.")
     max_replicas: AtLeastOneReplica = Field(1, description="Most replicas.")
     initial_replicas: Replicas | None = Field(
         None, description="Replicas at first deploy; None: min.")
@@ -118,15 +139,16 @@ class AutoscalingConfig(BaseModel):
         600.0, description="Seconds load must stay low to scale in.")
     look_back_period_s: PeriodSeconds = Field(
         30.0, description="Seconds over which load is averaged.")
-
-    @field_validator("min_replicas")
-    @classmethod
-    def _no_scale_to_zero(cls, value: int) -> int:
-        # Load is reported by replicas; with none running nothing would scale back up.
-        if value == 0:
-            raise _invalid("scale to zero is not supported yet: with no replica running, no "
-                           "load is reported to scale back up; set min_replicas to 1 or more")
-        return value
+    downscale_to_zero_delay_s: DelaySeconds | None = Field(
+        None, description="Seconds idle before the last replica goes (min_replicas 0); "
+        "None: downscale_delay_s (Serve's rule).")
+    llm: LLMScalingConfig | None = Field(
+        None, description="fleetplane's own: scale on the engines' waiting requests, "
+        "KV-cache use and TTFT (VLLMServer) instead of ongoing requests.")
+    cold_start_hold_s: DelaySeconds = Field(
+        COLD_START_HOLD_S, description="fleetplane's own, with min_replicas 0: seconds a "
+        "request waits for the first replica before a 503 with Retry-After (the measured "
+        "start time); one that would wait longer is told at once.")
 
     @model_validator(mode="after")
     def _check_replica_bounds(self) -> AutoscalingConfig:

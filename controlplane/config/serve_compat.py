@@ -310,7 +310,6 @@ class ServeAutoscalingFields(BaseModel):
     downscale_smoothing_factor: _Pos | None = not_acted_on("Downscaling gain (deprecated).")
     upscaling_factor: _Pos | None = not_acted_on("Gain of each upscaling decision.")
     downscaling_factor: _Pos | None = not_acted_on("Gain of each downscaling decision.")
-    downscale_to_zero_delay_s: _NonNeg | None = not_acted_on("Delay before scaling 1 to 0.")
     aggregation_function: Literal["mean", "max", "min"] | None = not_acted_on(
         "How load is aggregated over the look-back window.", inert="mean")
     policy: _Json | None = not_acted_on("A custom autoscaling policy.")

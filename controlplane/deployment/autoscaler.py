@@ -16,13 +16,14 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from controlplane.config.schema import AutoscalingConfig
 from controlplane.deployment.autoscaling import (AutoscalingPolicy, MetricWindow,
                                                  ScalingDecision, ScalingState,
-                                                 WindowStatistics, decide)
+                                                 WindowStatistics, decide, decide_count)
+from controlplane.deployment.llm_scaling import DemandTrend, EngineBoard, llm_desired
 from controlplane.deployment.lifecycle import SERVING_STATES, TERMINAL_STATES
 from controlplane.deployment.replica_set import Moved
 
@@ -36,6 +37,8 @@ class Autoscaler:
         self._window = MetricWindow(look_back_period_s=_DEFAULT_LOOK_BACK_S)
         self._scaling = ScalingState()
         self._next_at = 0.0
+        self.engines = EngineBoard()  # ``autoscaling_config.llm``: the engines' stats
+        self._trend: DemandTrend | None = None
         self.configure(config)
 
     @property
@@ -55,10 +58,13 @@ class Autoscaler:
                                                      if k in known})
         if old is None or old.look_back_period_s != self.policy.look_back_period_s:
             self._window = MetricWindow(look_back_period_s=self.policy.look_back_period_s)
+            self._trend = DemandTrend(self.policy.look_back_period_s)
 
     # ---- loads -------------------------------------------------------------------------
     def replica_moved(self, moved: Moved) -> None:
         state = moved.record[1]
+        if state not in SERVING_STATES:
+            self.engines.forget(moved.replica_id)
         if state in TERMINAL_STATES:
             self._window.forget(moved.replica_id)
         elif self.policy is not None:
@@ -70,6 +76,12 @@ class Autoscaler:
     def record_load(self, replica_id: str, load: int, now: float) -> None:
         self._window.record_load(replica_id, load, now)
 
+    def record_engine_stats(self, replica_id: str, stats: dict, now: float) -> None:
+        """A serving replica's engine stats (``autoscaling_config.llm`` only; raises
+        ValueError on a malformed one)."""
+        if self.policy is not None and self.policy.llm is not None:
+            self.engines.record(replica_id, stats, now, self.policy.llm.ttft_target_s)
+
     def record_loads(self, loads: list[tuple[str, int]], now: float) -> None:
         """A node batch's loads, in one call."""
         self._window.record_loads(loads, now)
@@ -78,16 +90,48 @@ class Autoscaler:
     def due(self, now: float) -> bool:
         return self.policy is not None and now >= self._next_at
 
-    def decide(self, now: float, target: int, serving: Iterable[str]) -> ScalingDecision | None:
+    def decide(self, now: float, target: int, serving: Iterable[str],
+               held: Callable[[float], int] | None = None,
+               start_s: float | None = None) -> ScalingDecision | None:
         """A new target replica count (and why), or None to keep ``target``. ``serving``:
-        the serving replicas' ids, read only by a window that does not know them yet."""
+        the serving replicas' ids, read only by a window that does not know them yet.
+        ``held``: the requests the routers hold now; a deployment that scales to zero
+        counts them as load (read only then), so the first request at zero wakes it."""
         self._next_at = now + DECIDE_EVERY_S
+        if self.policy.llm is not None:
+            return self._kept(self._decide_llm(now, target, held, start_s), target)
         window = self._window
         if not window.membership_known:
             window.include_only(serving)
-        decision = decide(self.policy, target, window.average_load(now), self._scaling, now)
+        load = window.average_load(now)
+        if self.policy.min_replicas == 0 and held is not None:
+            waiting = held(now)
+            if waiting:
+                load = (load or 0.0) + waiting
+        return self._kept(decide(self.policy, target, load, self._scaling, now), target)
+
+    def _kept(self, decision: ScalingDecision, target: int) -> ScalingDecision | None:
         self._scaling = decision.state
         return None if decision.target_replicas == target else decision
+
+    def _decide_llm(self, now: float, target: int, held: Callable[[float], int] | None,
+                    start_s: float | None) -> ScalingDecision:
+        """``llm_scaling``'s count from the engines' signals, through the same delays.
+        With no engine reporting and nothing held, nothing is known: the target stays
+        (replicas still loading are not scaled away for want of stats)."""
+        policy = self.policy
+        held_now = held(now) if held is not None and policy.min_replicas == 0 else 0
+        signals = self.engines.signals(now, held_now)
+        growth = self._trend.add(now, signals.demand)
+        current = policy.clamp(target)
+        if not signals.engines and not held_now:
+            return ScalingDecision(current, ScalingState(), "no engine stats: keeping "
+                                   f"{current}")
+        desired, why = llm_desired(policy.llm, signals, current, policy.min_replicas,
+                                   policy.max_replicas, growth, start_s)
+        if not signals.engines and self.engines.last_slots is None:
+            desired = policy.clamp(1)  # from zero, slots unknown: one, then measure
+        return decide_count(policy, current, desired, self._scaling, now, why)
 
     def statistics(self) -> WindowStatistics:
         return self._window.statistics()

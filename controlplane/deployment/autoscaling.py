@@ -28,6 +28,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from controlplane.config.schema import AutoscalingConfig
+from controlplane.deployment.llm_scaling import LLMScaling
 from controlplane.deployment.metric_window import MetricWindow, WindowStatistics
 
 # The window is re-exported: the shard and the tests take it from here, with the decision.
@@ -54,6 +55,14 @@ class AutoscalingPolicy:
     downscale_delay_s: float  # likewise a downscale; long, since cold starts are costly
     look_back_period_s: float  # window the load is averaged over
     initial_replicas: int | None = None  # first target; None means min_replicas
+    downscale_to_zero_delay_s: float | None = None  # 1 -> 0; None: downscale_delay_s
+    cold_start_hold_s: float = 30.0  # routers' bound on a wait for the first replica
+    llm: LLMScaling | None = None  # scale on the engines' signals (``llm_scaling``)
+
+    @property
+    def to_zero_delay_s(self) -> float:
+        zero = self.downscale_to_zero_delay_s
+        return self.downscale_delay_s if zero is None else zero
 
     @classmethod
     def from_config(cls, cfg: AutoscalingConfig | Mapping[str, Any]) -> AutoscalingPolicy:
@@ -63,7 +72,10 @@ class AutoscalingPolicy:
         ``ValidationError`` (a ``ValueError``) naming the field, never a guess here.
         """
         model = cfg if isinstance(cfg, AutoscalingConfig) else AutoscalingConfig.model_validate(cfg)
-        return cls(**{f.name: getattr(model, f.name) for f in fields(cls)})
+        values = {f.name: getattr(model, f.name) for f in fields(cls)}
+        if model.llm is not None:
+            values["llm"] = LLMScaling(**model.llm.model_dump())
+        return cls(**values)
 
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
@@ -122,13 +134,20 @@ def decide(
         return ScalingDecision(current, _IDLE, _no_data_reason(current_target, current))
     desired = desired_replicas(policy, total_load)
     load_note = f"load {total_load:g} / target {policy.target_ongoing_requests:g}"
+    return decide_count(policy, current, desired, state, now, load_note)
+
+
+def decide_count(policy: AutoscalingPolicy, current: int, desired: int, state: ScalingState,
+                 now: float, note: str) -> ScalingDecision:
+    """The delays applied to a ``desired`` count (within bounds) from ``current``: the
+    same for every policy that proposes a count (``llm_scaling`` too)."""
     if desired == current:
-        return ScalingDecision(current, _IDLE, f"{load_note}: steady at {current}")
+        return ScalingDecision(current, _IDLE, f"{note}: steady at {current}")
     if current == 0:
         # Cold start: requests are blocked until a replica exists, so scaling from zero
         # skips the upscale delay (Ray Serve's replica_queue_length_autoscaling_policy).
-        return ScalingDecision(desired, _IDLE, f"{load_note}: cold start 0 -> {desired}")
-    return _after_delay(policy, current, desired, state, now, load_note)
+        return ScalingDecision(desired, _IDLE, f"{note}: cold start 0 -> {desired}")
+    return _after_delay(policy, current, desired, state, now, note)
 
 
 def _after_delay(
@@ -142,6 +161,10 @@ def _after_delay(
     upscale = desired > current
     delay_s = policy.upscale_delay_s if upscale else policy.downscale_delay_s
     direction = "upscale" if upscale else "downscale"
+    if desired == 0:  # Serve's rule: down to one at the downscale delay, then 1 -> 0
+        desired = 1 if current > 1 else 0
+        if desired == 0:
+            delay_s, direction = policy.to_zero_delay_s, "downscale to zero"
     since = now
     if state.pending_target is not None and (state.pending_target > current) == upscale:
         since = state.pending_since  # same direction as before: the clock keeps running

@@ -52,6 +52,11 @@ class DemandBoard:
             self.start_s = duration_s if self.start_s is None else \
                 (1 - START_ALPHA) * self.start_s + START_ALPHA * duration_s
 
+    def queued(self, now: float) -> int:
+        """Requests queued at the routers now (fresh reports only): for a deployment at
+        zero, the load that wakes it. O(routers), once per autoscaling decision."""
+        return sum(d.queued for d, at in self._reports.values() if now - at <= REPORT_TTL_S)
+
     def total(self, now: float, replicas: ReplicaSet | None = None) -> ClusterDemand | None:
         """The sum of fresh reports (stale ones are dropped), with the scale-up outlook of
         ``replicas``; None when no router has reported."""
@@ -88,8 +93,11 @@ class DemandBoard:
         O(starting replicas), at most once per publication."""
         starting = replicas.records_in(ReplicaState.STARTING)
         running = replicas.count(ReplicaState.RUNNING)
-        if not starting or self.start_s is None or not running:
+        if self.start_s is None or not starting:
             return None, 1.0
+        if not running:  # from zero: when the first should answer (``Router._wait_cold``)
+            oldest_age = now - min(r.started_at for r in starting)
+            return round(max(0.0, self.start_s - oldest_age), 1), 1.0
         oldest_age = now - min(r.started_at for r in starting)
         eta = max(0.0, self.start_s - oldest_age)
         return round(eta, 1), round((running + len(starting)) / running, 2)

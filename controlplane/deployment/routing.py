@@ -12,6 +12,7 @@ forecast from live on the ``DemandBoard`` this object owns.
 
 from __future__ import annotations
 
+from controlplane.config.schema import COLD_START_HOLD_S
 from controlplane.deployment.demand_board import DemandBoard
 from controlplane.deployment.replica_set import Moved, ReplicaRecord, ReplicaSet
 from controlplane.specs import DeploymentSpec
@@ -54,13 +55,14 @@ class DeploymentRouting:
         first time and when limits or models changed (O(replicas), rare), else a delta of
         the serving replicas that joined, changed or left (O(changes)), with a new cluster
         total when due (``cluster_informed`` only), else None."""
-        informed = spec.backpressure_config.get("retry_after_policy") == "cluster_informed"
+        informed = (spec.backpressure_config.get("retry_after_policy") == "cluster_informed"
+                    or cold_hold_s(spec) is not None)
         demand = self.demand.to_publish(now, replicas) if informed else None
         if demand is not None:
             self._demand = demand
         limits = (spec.max_ongoing_requests, spec.max_queued_requests,
                   tuple(sorted(spec.backpressure_config.items())), self._models_version,
-                  _policy(spec))
+                  _policy(spec), cold_hold_s(spec))
         changes = replicas.take_serving_changes()
         if limits != self._key or self._published is None:
             self._key = limits
@@ -96,7 +98,17 @@ class DeploymentRouting:
             status_code=int(backpressure.get("status_code", 503)),
             retry_after_s=backpressure.get("retry_after_s"),
             retry_after_policy=backpressure.get("retry_after_policy") or "static",
-            demand=self._demand, request_router=_policy(spec))
+            demand=self._demand, request_router=_policy(spec), cold_hold_s=cold_hold_s(spec))
+
+
+def cold_hold_s(spec: DeploymentSpec) -> float | None:
+    """How long a request may wait for the first replica of a deployment that scales to
+    zero (``autoscaling_config.cold_start_hold_s``); None for one that never does."""
+    scaling = spec.autoscaling_config
+    if not scaling or scaling.get("min_replicas", 1) != 0:
+        return None
+    hold = scaling.get("cold_start_hold_s")
+    return float(COLD_START_HOLD_S if hold is None else hold)
 
 
 def _policy(spec: DeploymentSpec) -> tuple:

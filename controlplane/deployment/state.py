@@ -165,7 +165,9 @@ class DeploymentState:
 
     def _autoscale(self, now: float) -> None:
         decision = self.autoscaler.decide(now, self.target_replicas,
-                                          self.book.replicas.running_ids())
+                                          self.book.replicas.running_ids(),
+                                          held=self.routing.demand.queued,
+                                          start_s=self.routing.demand.start_s)
         if decision is not None:
             logger.info("%s: autoscaling %d -> %d (%s)", self.spec.id, self.target_replicas,
                         decision.target_replicas, decision.reason)
@@ -330,6 +332,17 @@ class DeploymentState:
     # ---- routing and status ----------------------------------------------------------------
     def record_model_ids(self, replica_id: str, ids: tuple[str, ...]) -> None:
         self.routing.record_model_ids(self.book.replicas, replica_id, ids)
+
+    def record_engine_stats(self, replica_id: str, stats: dict, now: float) -> None:
+        """A serving replica's engine stats, for ``autoscaling_config.llm``; a malformed
+        one is logged and dropped."""
+        record = self.book.get(replica_id)
+        if record is None or record.state not in SERVING_STATES:
+            return
+        try:
+            self.autoscaler.record_engine_stats(replica_id, stats, now)
+        except (TypeError, ValueError) as e:
+            logger.warning("%s: dropped engine stats of %s: %s", self.spec.id, replica_id, e)
 
     def record_router_demand(self, router_id: str, demand: RouterDemand, now: float) -> None:
         self.routing.record_router_demand(router_id, demand, now)

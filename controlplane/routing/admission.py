@@ -43,6 +43,27 @@ class RetryAdvisor:
         if demand is not self._cluster:
             self._cluster, self._cluster_at = demand, now
 
+    def cold_eta_s(self, now: float) -> float | None:
+        """Seconds until the first replica of a deployment at zero should be RUNNING, from
+        the shard's latest total (its measured start time, less the age of the start and
+        of the total); None when the shard has said nothing of one."""
+        cluster = self._cluster
+        if cluster is None or cluster.scaleup_eta_s is None:
+            return None
+        return max(0.0, cluster.scaleup_eta_s - (now - self._cluster_at))
+
+    def reject_cold(self, config: RoutingConfig, eta_s: float | None, held_s: float,
+                    queued: int) -> BackpressureError:
+        """A request at a deployment with no replica yet: told when to come back (the
+        expected start, rounded up; the hold itself while nothing is measured)."""
+        value = max(1, math.ceil(eta_s if eta_s is not None else config.cold_hold_s or 1.0))
+        self.last_s = value
+        waited = f"waited {held_s:.0f} s; " if held_s > 0 else ""
+        return BackpressureError(
+            config.status_code, value,
+            f"deployment {config.deployment} is starting from zero replicas ({waited}"
+            f"{queued} requests waiting for it); retry after {value} s")
+
     def demand(self, queued: int, now: float) -> RouterDemand:
         """What this point reports toward the total (``demand_board``)."""
         return RouterDemand(queued, self.drain.rate_per_s(now) or 0.0,

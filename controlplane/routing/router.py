@@ -71,18 +71,22 @@ class RouterStatistics:
     last_retry_after_s: int | None
     unreachable_replicas: int
     in_flight_by_replica: dict[str, int] = field(default_factory=dict)
+    cold_held_total: int = 0  # requests held for a first replica (scale from zero)
+    cold_hinted_total: int = 0  # requests answered 503 + Retry-After instead
 
 
 class RouterCounters:
     """What a router has done since it started (the totals of ``RouterStatistics``)."""
 
-    __slots__ = ("assigned", "rejected", "probe_failures", "tickets")
+    __slots__ = ("assigned", "rejected", "probe_failures", "tickets", "held", "hinted")
 
     def __init__(self) -> None:
         self.assigned = 0  # requests placed on a replica
         self.rejected = 0  # requests shed at admission
         self.probe_failures = 0
         self.tickets = 0  # requests queued at a full replica by the starvation guard
+        self.held = 0  # requests that waited for a first replica (scale from zero)
+        self.hinted = 0  # requests told when to come back instead (503 + Retry-After)
 
 
 class Router:
@@ -130,8 +134,17 @@ class Router:
 
     @property
     def informed(self) -> bool:
-        """Its deployment's Retry-After uses the routers' total (``cluster_informed``)."""
-        return self._config.retry_after_policy == "cluster_informed"
+        """It reports its demand to the owning shard: the deployment's Retry-After uses the
+        routers' total (``cluster_informed``), or it scales from zero (its routers' queued
+        requests are the load that wakes it)."""
+        return (self._config.retry_after_policy == "cluster_informed"
+                or self._config.cold_hold_s is not None)
+
+    @property
+    def waits_cold(self) -> bool:
+        """No replica to place on, and its deployment scales from zero: a request waits
+        here for the first (``_wait_cold``) instead of being turned away at once."""
+        return not len(self._members) and self._config.cold_hold_s is not None
 
     def demand(self) -> RouterDemand:
         """What this router reports for ``cluster_informed`` (``demand_board``)."""
@@ -201,7 +214,8 @@ class Router:
             probe_failures_total=counts.probe_failures, tickets_total=counts.tickets,
             backoff_streak=self._backoff_streak, last_retry_after_s=self._retry.last_s,
             unreachable_replicas=self._cache.unreachable_count(),
-            in_flight_by_replica=self._cache.in_flight_by_replica())
+            in_flight_by_replica=self._cache.in_flight_by_replica(),
+            cold_held_total=counts.held, cold_hinted_total=counts.hinted)
 
     # ---- admission and waiting -------------------------------------------------------
     async def _wait_slot(self, model_id: str = "",
@@ -223,7 +237,10 @@ class Router:
         limit = self._config.max_queued_requests
         if 0 <= limit <= self._queued:
             raise self._reject()
-        replica = await self._enqueue(front=False)
+        if self.waits_cold:
+            replica = await self._wait_cold()
+        else:
+            replica = await self._enqueue(front=False)
         while not self._cache.accepts_requests(replica.replica_id):
             # It began stopping (or died) between the handoff and our wake-up: keep our
             # place at the head and give the reserved slot back.
@@ -231,6 +248,25 @@ class Router:
             self._release(replica.replica_id)
             replica = await waiter
         return replica
+
+    async def _wait_cold(self) -> ReplicaInfo:
+        """Scale from zero: wait in the queue for the first replica up to ``cold_hold_s``,
+        or, when the shard's measured start says it will take longer, be told at once
+        when to come back (503 + Retry-After); a hold that runs out is told the same.
+        Never an error without a time to retry."""
+        config, start = self._config, self._clock.monotonic()
+        eta = self._retry.cold_eta_s(start)
+        if eta is not None and eta > config.cold_hold_s:
+            self._counts.hinted += 1
+            raise self._retry.reject_cold(config, eta, 0.0, self._queued)
+        self._counts.held += 1
+        try:
+            return await asyncio.wait_for(self._enqueue(front=False), config.cold_hold_s)
+        except asyncio.TimeoutError:
+            now = self._clock.monotonic()
+            self._counts.hinted += 1
+            raise self._retry.reject_cold(config, self._retry.cold_eta_s(now), now - start,
+                                          self._queued) from None
 
     def _enqueue(self, front: bool) -> asyncio.Future[ReplicaInfo]:
         """Queue a waiter; returns an awaitable that yields a reserved replica."""

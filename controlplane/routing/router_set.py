@@ -61,7 +61,9 @@ class RouterSet:
         would hang the caller for as long as none run (starting, failed to deploy, all
         dead), so HTTP and handle callers alike are answered at once."""
         router = self._routers.get(key)
-        return router if router is not None and router.num_replicas > 0 else None
+        if router is None or not (router.num_replicas > 0 or router.waits_cold):
+            return None
+        return router  # with a replica, or scaling from zero: a request waits a bound
 
     async def call(self, key: str, method: str, args: tuple, kwargs: dict,
                    meta: RequestMeta | None = None) -> Any:

@@ -21,6 +21,9 @@ class RoutingConfig:
     retry_after_s: float | None = None
     retry_after_policy: RetryAfterPolicy = "static"
     policy: RoutingPolicy = field(default_factory=RoutingPolicy)  # request_router_config
+    # scales to zero: a request may wait this long for the first replica, else 503 with a
+    # Retry-After from the measured start time (``Router._wait_cold``); None: it never does
+    cold_hold_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_ongoing_requests < 1:
@@ -37,4 +40,5 @@ class RoutingConfig:
                    max_queued_requests=update.max_queued_requests,
                    status_code=update.status_code, retry_after_s=update.retry_after_s,
                    retry_after_policy=update.retry_after_policy,
-                   policy=RoutingPolicy.from_wire(dict(update.request_router)))
+                   policy=RoutingPolicy.from_wire(dict(update.request_router)),
+                   cold_hold_s=getattr(update, "cold_hold_s", None))

@@ -40,6 +40,9 @@ FAULTS = ("none", "stuck", "wedged", "no-metrics", "dead")
 RESTART_ERROR = "cannot schedule new futures after shutdown"  # what seed 001's clients saw
 # vLLM's iteration-token buckets follow its CUDA-graph capture sizes; these are close enough.
 BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# vLLM's vllm:time_to_first_token_seconds buckets (vllm/v1/metrics, unchanged since 0.8)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 
 
 @dataclass(eq=False)
@@ -53,6 +56,7 @@ class SimRequest:
     prompt_tokens: int = 0             # token mode: the prompt's length in tokens
     prompt_left: int = 0               # token mode: tokens still to read (set when scheduled)
     blocks: tuple[int, ...] = ()       # token mode: the prompt's block keys
+    submitted_at: float = 0.0          # wall time it arrived (its TTFT counts from here)
 
     @property
     def done(self) -> bool:
@@ -85,6 +89,8 @@ class SimEngine:
         self.steps = 0
         self.iteration_tokens_sum = 0.0
         self.bucket_counts = [0] * len(BUCKETS)  # per bucket, not cumulative
+        self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)  # per bucket, the last is +Inf
+        self.ttft_sum = 0.0
         self.generation_tokens = 0
         self.prompt_tokens = 0
         self.cache = PrefixCache(self.cache_blocks)  # a new process caches nothing
@@ -109,7 +115,7 @@ class SimEngine:
                on_finish: Callable[[SimRequest], None] | None = None,
                prompt: str | None = None) -> SimRequest:
         request = SimRequest(max(1, max_tokens), max(0, prefill_steps), internal,
-                             on_finish=on_finish)
+                             on_finish=on_finish, submitted_at=self._wall())
         if prompt is not None and self.prefill_tokens_per_step:
             request.prefill_steps = 0
             request.prompt_tokens = prompt_tokens(prompt)
@@ -182,10 +188,18 @@ class SimEngine:
             return self.prefill_chunk_tokens
         request.output_tokens += 1
         self.generation_tokens += 1
+        if request.output_tokens == 1:
+            self._observe_ttft(self._wall() - request.submitted_at)
         if request.done:
             self.running.remove(request)
             _finish(request)
         return 1
+
+    def _observe_ttft(self, seconds: float) -> None:
+        self.ttft_sum += seconds
+        index = next((i for i, bound in enumerate(TTFT_BUCKETS) if seconds <= bound),
+                     len(TTFT_BUCKETS))
+        self.ttft_counts[index] += 1
 
     def set_fault(self, mode: str) -> None:
         if mode not in FAULTS:
@@ -253,7 +267,8 @@ class _Families:
         prompt = CounterMetricFamily("vllm:prompt_tokens",
                                      "Number of prefill tokens processed.", labels=names)
         prompt.add_metric(values, e.prompt_tokens)
-        yield from (running, waiting, generation, prompt, self._iteration_tokens(names, values))
+        yield from (running, waiting, generation, prompt, self._iteration_tokens(names, values),
+                    self._ttft(names, values))
         yield from self._cache_families(names, values)
         if e.publish_start_time:
             yield GaugeMetricFamily("process_start_time_seconds", "Start time of the process "
@@ -270,6 +285,17 @@ class _Families:
                                    "number of cached tokens.", labels=names)
         hits.add_metric(values, self._e.cache.hits_tokens)
         return usage, queries, hits
+
+    def _ttft(self, names: list[str], values: list[str]) -> HistogramMetricFamily:
+        family = HistogramMetricFamily("vllm:time_to_first_token_seconds",
+                                       "Histogram of time to first token in seconds.",
+                                       labels=names)
+        cumulative, buckets = 0, []
+        for bound, count in zip((*map(str, TTFT_BUCKETS), "+Inf"), self._e.ttft_counts):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        family.add_metric(values, buckets, sum_value=self._e.ttft_sum)
+        return family
 
     def _iteration_tokens(self, names: list[str], values: list[str]) -> HistogramMetricFamily:
         family = HistogramMetricFamily("vllm:iteration_tokens_total",

@@ -61,10 +61,11 @@ serve_app = serve.deployment(num_replicas=3, user_config={"a": 1}, max_ongoing_r
 autoscaled_app = serve.deployment(
     autoscaling_config={"min_replicas": 2, "max_replicas": 5, "initial_replicas": 3})(Model).bind()
 
-# Autoscaling set in code that Serve accepts: scale to zero (fleetplane refuses it), and
-# a Serve-only knob fleetplane does not implement (ignored, with a warning).
-scale_to_zero_app = serve.deployment(
-    autoscaling_config={"min_replicas": 0, "max_replicas": 2})(Model).bind()
+# Autoscaling set in code that Serve accepts: more replicas than fleetplane's bound (it
+# refuses them), and a Serve-only knob fleetplane does not implement (ignored, with a
+# warning).
+too_many_app = serve.deployment(
+    autoscaling_config={"min_replicas": 1, "max_replicas": 10**9})(Model).bind()
 serve_only_knob_app = serve.deployment(
     autoscaling_config={"max_replicas": 3, "smoothing_factor": 0.5})(Model).bind()
 

@@ -20,8 +20,7 @@ def report(replica_id: str, ongoing: int, queued: int = 0) -> MetricReport:
 
 
 def policy(**overrides: object) -> AutoscalingPolicy:
-    """Built directly: the decision also covers what the schema does not allow yet
-    (min_replicas 0, scale to zero)."""
+    """Built directly, with the schema's defaults for what is not given."""
     cfg = {"min_replicas": 1, "max_replicas": 10, "target_ongoing_requests": 2.0,
            "upscale_delay_s": 30.0, "downscale_delay_s": 600.0, "look_back_period_s": 30.0}
     return AutoscalingPolicy(**{**cfg, **overrides})
@@ -322,12 +321,20 @@ def test_zero_load_at_zero_stays_at_zero():
     assert (d.target_replicas, d.state) == (0, IDLE)
 
 
-def test_scale_to_zero_waits_for_downscale_delay():
-    p = policy(min_replicas=0, downscale_delay_s=600.0)
+def test_scale_to_zero_goes_to_one_at_the_downscale_delay_then_to_zero_at_its_own():
+    """Serve's rule: many -> 1 after downscale_delay_s, 1 -> 0 after
+    downscale_to_zero_delay_s (downscale_delay_s when unset)."""
+    p = policy(min_replicas=0, downscale_delay_s=600.0, downscale_to_zero_delay_s=60.0)
     d = decide(p, 2, 0.0, IDLE, T0)
-    assert (d.target_replicas, d.state) == (2, ScalingState(0, T0))
+    assert (d.target_replicas, d.state) == (2, ScalingState(1, T0))
     d = decide(p, 2, 0.0, d.state, T0 + 600)
-    assert d.target_replicas == 0
+    assert d.target_replicas == 1 and "downscale 2 -> 1" in d.reason
+    d = decide(p, 1, 0.0, IDLE, T0 + 600)
+    assert d.target_replicas == 1 and "downscale to zero 1 -> 0 in 60s" in d.reason
+    assert decide(p, 1, 0.0, d.state, T0 + 660).target_replicas == 0
+    unset = policy(min_replicas=0, downscale_delay_s=600.0)
+    assert decide(unset, 1, 0.0, ScalingState(0, T0), T0 + 599).target_replicas == 1
+    assert decide(unset, 1, 0.0, ScalingState(0, T0), T0 + 600).target_replicas == 0
 
 
 def test_small_load_never_scales_to_zero():

@@ -267,11 +267,26 @@ def test_models_are_frozen():
         DeployConfig().http_options.port = 1
 
 
-def test_scale_to_zero_is_refused_with_the_reason():
-    errors = errors_of(with_deployment(autoscaling_config={"min_replicas": 0, "max_replicas": 2}))
+def test_scale_to_zero_is_accepted_with_its_delay_and_hold():
+    cfg = parse_deploy_config(with_deployment(autoscaling_config={
+        "min_replicas": 0, "max_replicas": 2, "downscale_to_zero_delay_s": 120,
+        "cold_start_hold_s": 10}))
+    scaling = cfg.applications[0].deployments[0].autoscaling_config
+    assert (scaling.min_replicas, scaling.downscale_to_zero_delay_s,
+            scaling.cold_start_hold_s) == (0, 120.0, 10.0)
+
+
+@pytest.mark.parametrize("scaling, field", [
+    ({"min_replicas": 0, "max_replicas": 0}, "max_replicas"),
+    ({"min_replicas": 0, "max_replicas": 2, "downscale_to_zero_delay_s": -1},
+     "downscale_to_zero_delay_s"),
+    ({"min_replicas": 0, "max_replicas": 2, "cold_start_hold_s": -5}, "cold_start_hold_s"),
+])
+def test_bad_scale_to_zero_settings_are_errors_naming_the_field(scaling, field):
+    errors = errors_of(with_deployment(autoscaling_config=scaling))
     assert len(errors) == 1
-    assert errors[0].startswith("applications[0].deployments[0].autoscaling_config.min_replicas")
-    assert "scale to zero is not supported yet" in errors[0]
+    assert errors[0].startswith(
+        f"applications[0].deployments[0].autoscaling_config.{field}"), errors
 
 
 # ---- options set in code, through the same schema ---------------------------------------

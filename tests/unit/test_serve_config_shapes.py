@@ -106,7 +106,7 @@ SERVE_ONLY_PATHS = [
     *(f"applications[0].deployments[1].autoscaling_config.{f}" for f in (
         "metrics_interval_s", "smoothing_factor", "upscale_smoothing_factor",
         "downscale_smoothing_factor", "upscaling_factor", "downscaling_factor",
-        "downscale_to_zero_delay_s", "aggregation_function", "policy")),
+        "aggregation_function", "policy")),
 ]
 
 

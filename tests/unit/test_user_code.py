@@ -190,10 +190,10 @@ def test_code_autoscaling_sets_initial_replicas_like_config_autoscaling():
 
 def test_invalid_code_autoscaling_fails_the_build_naming_app_deployment_and_field():
     with pytest.raises(BuildError) as info:
-        build(f"{APPS}:scale_to_zero_app", name="shop")
+        build(f"{APPS}:too_many_app", name="shop")
     message = str(info.value)
     assert message.startswith("application 'shop': deployment 'Model': invalid options")
-    assert "\n  - autoscaling_config.min_replicas: scale to zero is not supported" in message
+    assert "\n  - autoscaling_config.max_replicas: " in message
 
 
 def test_serve_only_autoscaling_knob_in_code_is_ignored_with_a_warning(caplog):
@@ -208,17 +208,17 @@ def test_serve_only_autoscaling_knob_in_code_is_ignored_with_a_warning(caplog):
 
 
 def test_config_sizing_replaces_invalid_code_autoscaling():
-    [spec] = build(f"{APPS}:scale_to_zero_app", deployments=[{"name": "Model",
+    [spec] = build(f"{APPS}:too_many_app", deployments=[{"name": "Model",
                                                               "num_replicas": 2}])
     assert spec.autoscaling_config is None and spec.num_replicas == 2
-    [spec] = build(f"{APPS}:scale_to_zero_app", deployments=[{
+    [spec] = build(f"{APPS}:too_many_app", deployments=[{
         "name": "Model", "autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}])
     assert spec.autoscaling_config["min_replicas"] == 1
 
 
 def test_invalid_code_options_fail_their_application_by_name():
     with pytest.raises(BuildError) as caught:
-        build(f"{APPS}:scale_to_zero_app", name="bad")
+        build(f"{APPS}:too_many_app", name="bad")
     assert caught.value.app == "bad"
 
 
