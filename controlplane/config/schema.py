@@ -122,6 +122,9 @@ class LLMScalingConfig(BaseModel):
         0.9, description="KV-cache use that, with requests waiting, asks for a replica.")
     ttft_target_s: PeriodSeconds | None = Field(
         None, description="An engine's TTFT p90 above this asks for a replica; None: off.")
+    waiting_high: PeriodSeconds | None = Field(
+        None, description="Requests waiting for an engine slot (all engines) that ask for "
+        "a replica beyond the demand's count; None: off.")
 
 
 class AutoscalingConfig(BaseModel):

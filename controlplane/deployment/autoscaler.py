@@ -122,13 +122,13 @@ class Autoscaler:
         policy = self.policy
         held_now = held(now) if held is not None and policy.min_replicas == 0 else 0
         signals = self.engines.signals(now, held_now)
-        growth = self._trend.add(now, signals.demand)
+        trend = self._trend.add(now, signals.demand)
         current = policy.clamp(target)
         if not signals.engines and not held_now:
             return ScalingDecision(current, ScalingState(), "no engine stats: keeping "
                                    f"{current}")
         desired, why = llm_desired(policy.llm, signals, current, policy.min_replicas,
-                                   policy.max_replicas, growth, start_s)
+                                   policy.max_replicas, trend, start_s)
         if not signals.engines and self.engines.last_slots is None:
             desired = policy.clamp(1)  # from zero, slots unknown: one, then measure
         return decide_count(policy, current, desired, self._scaling, now, why)

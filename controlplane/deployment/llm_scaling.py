@@ -15,9 +15,10 @@ Owns:
 
   * demand = running + waiting at the engines + requests held by the routers (a
     deployment at zero has no engine: its held requests are its demand);
-  * needed = ceil(projected demand / (slots x ``target_fill``)), the projection adding
-    the demand's growth over one measured start time (a replica that takes minutes to
-    load is asked for early);
+  * needed = ceil(projected demand / (slots x ``target_fill``)); near capacity (demand
+    over ``DOWN_BAND`` of it) the projection adds the demand's growth over one measured
+    start time (a replica that takes minutes to load is asked for early); elsewhere a
+    noisy slope would only reset a downscale's delay;
   * pressure (requests waiting while the KV cache is over ``kv_cache_high``, or an
     engine's TTFT p90 over ``ttft_target_s``) asks for one more than serve now;
   * down: only at a fill ``DOWN_BAND`` lower (hysteresis), never below the replicas
@@ -48,6 +49,7 @@ class LLMScaling:
     target_fill: float = 0.75  # (running + waiting) / slots each replica should carry
     kv_cache_high: float = 0.9  # KV-cache use that, with requests waiting, is pressure
     ttft_target_s: float | None = None  # an engine's TTFT p90 above this is pressure
+    waiting_high: float | None = None  # requests waiting for a slot (all engines): pressure
 
 
 @dataclass(frozen=True)
@@ -140,39 +142,79 @@ def _row(stats: Mapping[str, float], ttft_target_s: float | None) -> tuple:
     return running, waiting, slots, None if kv is None else float(kv), over
 
 
+@dataclass(frozen=True)
+class Trend:
+    peak: float  # the highest demand within the look-back (what a downscale must hold)
+    growth_per_s: float  # its least-squares slope, >= 0 (what a slow start must meet)
+
+
 class DemandTrend:
-    """The demand's growth per second over the look-back: one sample per decision."""
+    """The demand over the look-back, one sample per decision: its peak and its growth.
+    The slope is a least-squares fit over the window, not two points, so one Poisson
+    spike neither asks for replicas nor holds back a downscale. Its sums are kept per
+    sample (O(1) per decision); the peak is a monotonic deque (amortised O(1))."""
 
     def __init__(self, look_back_s: float) -> None:
         self._look_back_s = look_back_s
         self._samples: deque[tuple[float, float]] = deque()
+        self._peaks: deque[tuple[float, float]] = deque()  # decreasing demands
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # t, d, t*t, t*d (t relative to the origin)
+        self._origin: float | None = None
 
-    def add(self, now: float, demand: float) -> float:
-        """Record ``demand`` at ``now``; the growth per second since the oldest sample
-        within the look-back (0 when falling, or with one sample)."""
-        samples = self._samples
-        samples.append((now, demand))
-        while samples and now - samples[0][0] > self._look_back_s:
-            samples.popleft()
-        first_at, first = samples[0]
-        if now - first_at <= 0:
+    def add(self, now: float, demand: float) -> Trend:
+        if self._origin is None:
+            self._origin = now
+        self._push(now, demand)
+        while self._samples and now - self._samples[0][0] > self._look_back_s:
+            self._pop()
+        return Trend(self._peaks[0][1], self._slope())
+
+    def _push(self, now: float, demand: float) -> None:
+        t = now - self._origin
+        self._samples.append((now, demand))
+        for i, v in enumerate((t, demand, t * t, t * demand)):
+            self._sums[i] += v
+        while self._peaks and self._peaks[-1][1] <= demand:
+            self._peaks.pop()
+        self._peaks.append((now, demand))
+
+    def _pop(self) -> None:
+        at, demand = self._samples.popleft()
+        t = at - self._origin
+        for i, v in enumerate((t, demand, t * t, t * demand)):
+            self._sums[i] -= v
+        if self._peaks and self._peaks[0][0] <= at:
+            self._peaks.popleft()
+
+    def _slope(self) -> float:
+        n = len(self._samples)
+        st, sd, stt, std = self._sums
+        spread = n * stt - st * st
+        if n < 2 or spread <= _TOLERANCE:
             return 0.0
-        return max(0.0, (demand - first) / (now - first_at))
+        return max(0.0, (n * std - st * sd) / spread)
 
 
 def llm_desired(scaling: LLMScaling, signals: LLMSignals, current: int, min_replicas: int,
-                max_replicas: int, growth_per_s: float = 0.0,
+                max_replicas: int, trend: Trend | None = None,
                 start_s: float | None = None) -> tuple[int, str]:
-    """How many replicas the engines' demand needs now, and why (before any delay)."""
+    """How many replicas the engines' demand needs now, and why (before any delay).
+    Up: the demand now plus its growth over one measured start. Down: only to what the
+    look-back's peak needs at a ``DOWN_BAND`` lower fill (the growth never holds a
+    downscale back, and one quiet read does not start one)."""
     per_replica = max(_TOLERANCE, signals.slots * scaling.target_fill)
-    projected = signals.demand + growth_per_s * (start_s or 0.0)
+    growth = trend.growth_per_s if trend is not None else 0.0
+    projected = signals.demand
+    if signals.demand >= current * per_replica * DOWN_BAND:  # near capacity: look ahead
+        projected += growth * (start_s or 0.0)
     needed = math.ceil(projected / per_replica - _TOLERANCE)
     why = (f"demand {signals.demand:g} (running {signals.running:g}, waiting "
            f"{signals.waiting:g}, held {signals.held}) over {per_replica:g} per replica")
     if projected > signals.demand:
-        why += f", {projected:g} in one start ({start_s:g}s)"
-    if needed < current:  # hysteresis: down only where a lower fill still holds it
-        needed = max(needed, math.ceil(projected / (per_replica * DOWN_BAND) - _TOLERANCE))
+        why += f", {projected:.3g} in one start ({start_s:g}s)"
+    if needed <= current:  # not up: down only to what the window's peak needs, banded
+        peak = max(signals.demand, trend.peak if trend is not None else 0.0)
+        needed = min(current, math.ceil(peak / (per_replica * DOWN_BAND) - _TOLERANCE))
     pressure = _pressure(scaling, signals)
     if pressure:
         needed = max(needed, signals.engines + 1)
@@ -190,4 +232,6 @@ def _pressure(scaling: LLMScaling, signals: LLMSignals) -> str:
         return f"KV cache {kv:.0%} full with {signals.waiting:g} waiting"
     if signals.ttft_over:
         return f"TTFT p90 over {scaling.ttft_target_s:g}s on {signals.ttft_over} engine(s)"
+    if scaling.waiting_high is not None and signals.waiting >= scaling.waiting_high:
+        return f"{signals.waiting:g} requests waiting for an engine slot"
     return ""

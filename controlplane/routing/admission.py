@@ -54,9 +54,14 @@ class RetryAdvisor:
 
     def reject_cold(self, config: RoutingConfig, eta_s: float | None, held_s: float,
                     queued: int) -> BackpressureError:
-        """A request at a deployment with no replica yet: told when to come back (the
-        expected start, rounded up; the hold itself while nothing is measured)."""
-        value = max(1, math.ceil(eta_s if eta_s is not None else config.cold_hold_s or 1.0))
+        """A request at a deployment with no replica yet: told when to come back: half a
+        hold before the replica is expected (a start runs longer or shorter than the
+        measured average; back a little early, the request is held until the replica
+        answers, where one back late would wait for nothing), the hold itself while
+        nothing is measured."""
+        hold = config.cold_hold_s or 0.0
+        due = eta_s - hold / 2 if eta_s is not None else hold
+        value = max(1, math.ceil(due))
         self.last_s = value
         waited = f"waited {held_s:.0f} s; " if held_s > 0 else ""
         return BackpressureError(

@@ -395,7 +395,8 @@ class Router:
         if self._backoff is not None or self._closed is not None:
             return
         s = self._settings
-        delay = min(s.backoff_initial_s * 2 ** self._backoff_streak, s.backoff_max_s)
+        # the exponent capped: a queue that waits minutes (a cold start) must not overflow
+        delay = min(s.backoff_initial_s * 2 ** min(self._backoff_streak, 30), s.backoff_max_s)
         self._backoff = asyncio.get_running_loop().call_later(delay, self._on_backoff)
 
     def _cancel_backoff(self) -> None:

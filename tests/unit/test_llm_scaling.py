@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from controlplane.deployment.autoscaler import Autoscaler
-from controlplane.deployment.llm_scaling import (EngineBoard, LLMScaling, LLMSignals,
-                                                 STALE_AFTER_S, llm_desired)
+from controlplane.deployment.llm_scaling import (DemandTrend, EngineBoard, LLMScaling,
+                                                 LLMSignals, STALE_AFTER_S, Trend,
+                                                 llm_desired)
 
 SCALING = LLMScaling(target_fill=0.75, kv_cache_high=0.9, ttft_target_s=2.0)
 
@@ -61,9 +62,30 @@ def test_ttft_over_target_on_an_engine_asks_for_one_more():
 
 def test_a_slow_start_is_asked_for_early_from_the_demands_growth():
     now, _ = llm_desired(SCALING, signals(running=6), 2, 0, 8)
-    early, why = llm_desired(SCALING, signals(running=6), 2, 0, 8, growth_per_s=0.05,
-                             start_s=120.0)
+    early, why = llm_desired(SCALING, signals(running=6), 2, 0, 8,
+                             trend=Trend(peak=6, growth_per_s=0.05), start_s=120.0)
     assert (now, early) == (2, 4) and "12 in one start (120s)" in why
+
+
+def test_a_downscale_holds_the_look_backs_peak_and_growth_never_holds_it_back():
+    trend = Trend(peak=9, growth_per_s=0.0)
+    assert llm_desired(SCALING, signals(running=2), 6, 0, 8, trend=trend)[0] == 4  # 9 / 2.4
+    rising = Trend(peak=2, growth_per_s=0.001)  # a tiny slope: down goes on
+    assert llm_desired(SCALING, signals(running=2), 6, 0, 8, trend=rising, start_s=120)[0] == 1
+
+
+def test_the_trend_is_a_least_squares_slope_and_a_window_peak():
+    trend = DemandTrend(look_back_s=30.0)
+    for t in range(31):
+        last = trend.add(float(t), 2.0 + 0.1 * t)
+    assert last.growth_per_s == pytest.approx(0.1) and last.peak == pytest.approx(5.0)
+    spiky = DemandTrend(look_back_s=30.0)
+    for t in range(31):
+        last = spiky.add(float(t), 12.0 if t == 15 else 2.0)
+    assert last.growth_per_s == pytest.approx(0.0, abs=1e-9) and last.peak == 12.0
+    for t in range(31, 50):  # the spike leaves the window
+        last = spiky.add(float(t), 2.0)
+    assert last.peak == 2.0
 
 
 def test_requests_held_at_zero_are_the_demand_that_wakes_it():

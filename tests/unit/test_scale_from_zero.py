@@ -6,6 +6,8 @@ at zero wakes the deployment; the start outlook reaches the routers. Virtual tim
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from controlplane.deployment.demand_board import DemandBoard
@@ -53,7 +55,8 @@ def test_a_hold_that_runs_out_is_told_when_to_come_back_never_a_bare_error():
         with pytest.raises(BackpressureError) as caught:
             await task
         assert h.clock.monotonic() - t0 == 30.0  # held exactly the bound
-        assert caught.value.status_code == 503 and caught.value.retry_after_s == 50
+        # back half a hold (15 s) before the replica is due in 50 s, to be held for it
+        assert caught.value.status_code == 503 and caught.value.retry_after_s == 35
         assert "starting from zero replicas (waited 30 s" in str(caught.value)
         assert router.demand().queued == 0  # the waiter left the queue
     h.run(main)
@@ -67,7 +70,7 @@ def test_a_request_that_would_wait_past_the_hold_is_told_at_once():
         router._retry.heard_total(ClusterDemand(3, 0.0, 1.0, 1, 140.0), t0)
         with pytest.raises(BackpressureError) as caught:
             await router.assign("x")
-        assert h.clock.monotonic() == t0 and caught.value.retry_after_s == 140
+        assert h.clock.monotonic() == t0 and caught.value.retry_after_s == 125
         assert router.statistics().cold_hinted_total == 1
     h.run(main)
 
@@ -124,3 +127,23 @@ def test_the_first_request_at_zero_wakes_the_deployment_and_idle_returns_it_to_z
         await shard.advance(30.0, ticks=5)
         assert all(r["state"] != "RUNNING" for r in shard.replicas())
     run(scenario)
+
+
+def test_a_wait_of_minutes_at_zero_keeps_the_backoff_bounded():
+    """A cold start of minutes: the backoff timer keeps running (its exponent capped,
+    where 2 ** streak once overflowed a float after ~1,000 backoffs) and the held request
+    is served when the replica comes."""
+    h = Harness()
+
+    async def main():
+        router = _cold(h, hold_s=600.0)
+        task = h.start("slow start")
+        await settle()
+        h.clock.advance(300.0)
+        await asyncio.sleep(250.0)  # 2,500 backoffs at 0.1 s
+        assert router._backoff is not None  # still scheduled: no callback raised
+        router.update_replicas([replica(0)])
+        await settle()
+        h.transport.finish("slow start")
+        assert await task == "done slow start"
+    h.run(main)
