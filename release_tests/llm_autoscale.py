@@ -142,7 +142,9 @@ def summarize(fleet, hour_s: float, slo_s: float, hours: int, window_s: float) -
             "wakes": [[round(a), round(u - a, 1)] for a, u in fleet.wakes],
             "measured_start_s": round(fleet.board.start_s, 1) if fleet.board.start_s else None,
             "ttft_p99_by_hour_s": [None if w["ttft_p99_s"] is None else
-                                   round(w["ttft_p99_s"], 2) for w in per_hour]}
+                                   round(w["ttft_p99_s"], 2) for w in per_hour],
+            # replicas held (loading, serving or draining), every 5 minutes
+            "replicas_every_5min": [held for _, _, _, held, _ in fleet.timeline[::5]]}
 
 
 def _p99(values: list[float]) -> float | None:

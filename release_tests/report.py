@@ -80,6 +80,9 @@ SECTIONS = [
     ("llm_routing", "LLM-aware routing on simulated GB10 engines",
      "Prefix-cache and KV-load routing against power of two choices and round robin, "
      "through the proxy and through HAProxy, on engines that cache prefixes as vLLM does."),
+    ("llm_autoscale", "LLM autoscaling and scale to zero over a day (virtual time)",
+     "fleetplane's LLM policy with scale to zero against Ray Serve 2.60's default policy, "
+     "on the same day trace, data plane and simulated GB10 engines."),
     ("serve_compat_diff", "The same Serve applications under Serve and fleetplane",
      "Each request sent to both, on one local Ray; differences by design are named."),
     ("scale_compare", "Two commits side by side",

@@ -46,6 +46,38 @@ def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
     return lines
 
 
+AUTOSCALE_COLUMNS = ["system", "replica_seconds", "failed", "requests", "held", "hinted",
+                     "cold_starts", "slo_windows_met", "first_answer_after_start_s",
+                     "measured_start_s"]
+
+
+def render_llm_autoscale(summary: dict, where: Where, name: str) -> list[str]:
+    first, last = summary.get("hours", [0, 24])
+    lines = [f"Hours {first}-{last} of the day trace (seed {summary.get('seed')}, peak "
+             f"{summary.get('peak_rps')} requests/s), simulated GB10 engines (8 tokens/s, 4 "
+             "slots, 120-300 s loads) in virtual time; each row's `autoscaling_config` is "
+             "in the results file. The data plane is the same for every row (fleetplane's "
+             "router); the policies are their own code (Serve's from `ray.serve`).", ""]
+    if summary.get("criteria"):
+        lines += ["What the issue asked (judged on the `fleetplane` row, its defaults), and "
+                  "what this run measured:", ""]
+        lines += table([{**c, "met": "yes" if c["met"] else "NO"}
+                        for c in summary["criteria"]])
+    results = summary.get("results", {})
+    lines += table([{"system": k, **v} for k, v in results.items()], AUTOSCALE_COLUMNS)
+    series = {k: [(i * 5 / 60 + first, n) for i, n in enumerate(v.get(
+        "replicas_every_5min", []))] for k, v in results.items()}
+    png = report_plots.timeline(series, where.plots / f"{name}_replicas.png", "hour of day",
+                                "replicas", "Replicas held (loading, serving, draining)")
+    lines += where.image(png, "replicas over the day, per policy")
+    ttft = {k: [(first + h, v) for h, v in enumerate(r.get("ttft_p99_by_hour_s", []))
+                if v is not None] for k, r in results.items()}
+    png = report_plots.timeline(ttft, where.plots / f"{name}_ttft.png", "hour of day",
+                                "TTFT p99 (s)", "TTFT p99 per hour")
+    lines += where.image(png, "TTFT p99 per hour, per policy")
+    return lines
+
+
 def _capacities(summary: dict) -> str:
     return ", ".join(f"{k} {v:.1f}" for k, v in summary.get("capacity_rps", {}).items())
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from release_tests import report_plots
-from release_tests.report_llm import render_llm_routing
+from release_tests.report_llm import render_llm_autoscale, render_llm_routing
 from release_tests.report_tables import Where, fmt, table
 
 Renderer = Callable[[dict, Where, str], list[str]]
@@ -309,4 +309,5 @@ RENDERERS: dict[str, Renderer] = {
     "node_churn": render_node_churn, "http_abuse": render_http_abuse,
     "retry_after_http": render_retry_after_http, "retry_after_eval": render_retry_after_eval,
     "llm_day": render_llm_day, "llm_routing": render_llm_routing,
+    "llm_autoscale": render_llm_autoscale,
 }

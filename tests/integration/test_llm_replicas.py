@@ -126,3 +126,27 @@ def test_a_loading_engine_says_so_in_status_under_its_derived_start_deadline(fle
     assert row["state"] == "STARTING" and "gives up after 120s and retries" in row["message"]
     status = wait_for(fleet, settled("llmslow", 1, DEP), what="the slow replica RUNNING")
     assert only_replica(status, "llmslow")["message"] == ""
+
+
+def test_vllm_from_its_own_environment_runs_through_the_default_command_shape(fleet,
+                                                                              tmp_path):
+    """The README's separate-environment form: ``command`` names another environment's
+    ``bin/vllm`` (not on the replica's PATH), with vLLM's own ``serve`` arguments; here that
+    ``vllm`` is a script running the simulator behind vLLM's command line."""
+    import sys
+
+    vllm = tmp_path / "vllm-env" / "bin" / "vllm"
+    vllm.parent.mkdir(parents=True)
+    vllm.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.llm_sim.vllm_cli \"$@\"\n")
+    vllm.chmod(0o755)
+    from replicas.llm_engine import DEFAULT_COMMAND
+
+    command = [str(vllm), *DEFAULT_COMMAND[1:]]  # vllm serve {model} --host ... as shipped
+    application = llm_app("llmvenv")
+    application["args"]["command"] = command
+    deploy(fleet, application)
+    replica = only_replica(wait_for(fleet, settled("llmvenv", 1, DEP), what="vLLM from its "
+                                    "own environment"), "llmvenv")
+    answer = call(replica, {"prompt": "hello", "max_tokens": 2})
+    assert answer["choices"][0]["text"] == " tok tok"
+    assert wait_checks(replica, 0)["verdict"] in ("idle", "busy")  # its /metrics are read
