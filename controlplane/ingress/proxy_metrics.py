@@ -73,7 +73,11 @@ _ROUTER_GAUGES = (("replicas", "num_replicas", "RUNNING replicas the router plac
 _ROUTER_COUNTERS = (("assigned", "assigned_total", "requests placed on a replica"),
                     ("probe_failures", "probe_failures_total", "queue-length probes that failed"),
                     ("tickets", "tickets_total", "requests queued at a full replica by the "
-                     "starvation guard"))
+                     "starvation guard"),
+                    ("cold_held", "cold_held_total", "requests held for the first replica of a "
+                     "deployment at zero"),
+                    ("cold_hinted", "cold_hinted_total", "requests at zero answered 503 with a "
+                     "Retry-After instead"))
 
 
 class RouterCollector:

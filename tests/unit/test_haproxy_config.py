@@ -135,3 +135,14 @@ def test_a_head_over_max_header_bytes_is_haproxys_own_431_as_through_the_proxy(t
         assert statuses == [200, 431, 431, 400]
     finally:
         haproxy.stop()
+
+
+def test_a_backend_that_scales_to_zero_has_the_cold_door_as_its_only_backup(tmp_path):
+    """HAProxy takes a backup only while no other server is usable: the door sees just
+    the requests that found no replica. The binary accepts the line."""
+    paths = Paths(tmp_path)
+    routes = {"/web": "web/M", "/api": "api/N"}
+    text = render(paths, "127.0.0.1", 18124, routes, cold={backend_name("web/M")})
+    assert f"    server cold unix@{paths.cold_socket} backup" in text
+    assert text.count(" backup") == 1
+    HAProxyProcess(paths).check(text)

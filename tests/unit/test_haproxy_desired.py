@@ -86,3 +86,17 @@ def test_with_phase_1_off_haproxy_hears_a_window_late():
     assert late.not_yet(WEB, "s1", now=11.9)
     assert not late.not_yet(WEB, "s1", now=12.0)
     assert late.not_yet(WEB, "s1", now=12.0)  # leaving again: a new window
+
+
+def test_a_deployment_that_scales_to_zero_gets_the_cold_door_and_a_reload_when_that_changes():
+    import dataclasses
+
+    wanted, loaded = Wanted(), Loaded()
+    wanted.routes = loaded.routes = {"/web": "web/M"}
+    wanted.set_deployment("web/M", dataclasses.replace(update(), cold_hold_s=30.0))
+    wanted.set_deployment("other/N", dataclasses.replace(update(), cold_hold_s=30.0))  # no route
+    assert wanted.cold() == {WEB} and loaded.differs(wanted)
+    loaded.cold = wanted.cold()
+    assert not loaded.differs(wanted)
+    wanted.set_deployment("web/M", update("r1"))  # min_replicas raised above 0
+    assert wanted.cold() == set() and loaded.differs(wanted)

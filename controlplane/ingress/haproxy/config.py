@@ -100,6 +100,12 @@ class Paths:
         return self.root / "exporter.sock"
 
     @property
+    def cold_socket(self) -> Path:
+        """The ingress actor's cold-start door (``cold_door``): the backup server of a
+        backend whose deployment scales to zero."""
+        return self.root / "cold.sock"
+
+    @property
     def metrics_socket(self) -> Path:
         """The ingress actor's ``/metrics`` (``haproxy/metrics.py``), behind HAProxy's."""
         return self.root / "metrics.sock"
@@ -109,17 +115,19 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
            servers: dict[str, dict[str, str]] | None = None,
            maxconn: dict[str, int] | None = None, timeout_server_s: float = 300.0,
            draining: bool = False, limits: HTTPLimits = HTTPLimits(),
-           balances: dict[str, list[str]] | None = None) -> str:
+           balances: dict[str, list[str]] | None = None, cold: set[str] = frozenset()) -> str:
     """``routes``: route prefix -> "app/deployment" of the application's ingress;
     ``servers``: backend -> server -> "host:port", the members at this (re)load, written
     in so that a reload's new worker serves at once (later changes: runtime API);
     ``balances``: backend -> its ``balance`` lines (``balance.balance_lines``; leastconn
     for a backend without);
     ``draining``: the node drains, so ``/-/healthz`` (readiness) answers 503 while every
-    other request is still served."""
+    other request is still served; ``cold``: backends whose deployment scales to zero, each
+    with the cold-start door as a ``backup`` server (used only while no replica is)."""
     lines = [*_globals(paths, limits, timeout_server_s),
              *_frontend(host, port, routes, draining, limits),
-             *_backends(routes, servers or {}, maxconn or {}, balances or {}),
+             *_backends(routes, servers or {}, maxconn or {}, balances or {},
+                        {b: paths.cold_socket for b in cold}),
              "backend be_metrics",
              f"    server ingress unix@{paths.metrics_socket}",
              "frontend exporter",
@@ -187,7 +195,8 @@ def _frontend(host: str, port: int, routes: dict[str, str], draining: bool,
 
 
 def _backends(routes: dict[str, str], servers: dict[str, dict[str, str]],
-              maxconn: dict[str, int], balances: dict[str, list[str]]) -> list[str]:
+              maxconn: dict[str, int], balances: dict[str, list[str]],
+              cold: dict[str, Path]) -> list[str]:
     lines = []
     for key in sorted(set(routes.values())):
         backend = backend_name(key)
@@ -198,6 +207,8 @@ def _backends(routes: dict[str, str], servers: dict[str, dict[str, str]],
         lines += [f"    server {name} {address} id {server_id(name)} weight {SERVER_WEIGHT} "
                   f"check maxconn {max(1, maxconn.get(backend, 1))}"
                   for name, address in sorted(servers.get(backend, {}).items())]
+        if backend in cold:  # no check: up whenever the ingress actor is
+            lines.append(f"    server cold unix@{cold[backend]} backup")
     return lines
 
 

@@ -71,6 +71,14 @@ class Wanted:
         return {backend: b for backend, b in lines.items() if b != DEFAULT_BALANCE}
 
 
+    def cold(self) -> set[str]:
+        """Routed backends whose deployment scales to zero: the cold-start door is their
+        backup server (``cold_door``)."""
+        keys = set(dict(self.routes or {}).values())
+        return {membership.backend_name(k) for k, u in dict(self._deployments).items()
+                if k in keys and getattr(u, "cold_hold_s", None) is not None}
+
+
 def server_maxconn(update: RoutingUpdate) -> int:
     """How many requests HAProxy sends one replica at once. A replica admits as a router
     does (its slots, then ``max_queued_requests`` waiting) and rejects beyond with the
@@ -89,12 +97,14 @@ class Loaded:
         self.draining = False
         self.servers: membership.Servers = {}  # what the current worker has
         self.balances: dict[str, list[str]] = {}  # each backend's balance lines
+        self.cold: set[str] = set()  # backends with the cold-start door as backup
 
     def differs(self, wanted: Wanted) -> bool:
-        """Whether the config must be rendered again (a reload): routes, drain, or a
-        backend's routing policy changed."""
+        """Whether the config must be rendered again (a reload): routes, drain, a
+        backend's routing policy, or whether it scales to zero changed."""
         return (wanted.routes is not None and wanted.routes != self.routes) or \
-            wanted.draining != self.draining or wanted.balances() != self.balances
+            wanted.draining != self.draining or wanted.balances() != self.balances or \
+            wanted.cold() != self.cold
 
 
 class LateLeaving:

@@ -33,6 +33,7 @@ import uvicorn
 
 from controlplane.config.options import HTTPOptions
 from controlplane.ingress.haproxy import membership
+from controlplane.ingress.haproxy.cold_door import ColdDoor
 from controlplane.ingress.haproxy.config import Paths, render
 from controlplane.ingress.haproxy.desired import LateLeaving, Loaded, Wanted
 from controlplane.ingress.haproxy.guard import start_guard
@@ -76,6 +77,7 @@ class HAProxyIngress(Listener):
         self._changed = asyncio.Event()
         self._mutex = threading.Lock()  # _sync and deregister run in threads
         self._started: asyncio.Future | None = None  # the first ready's start, shared
+        self._cold = ColdDoor(self._settings, http)  # deployments at zero: held here
         self._metrics = IngressMetrics(self._process.paths.exporter_socket,
                                        self._controller_health, lambda: self._wanted.routes)
 
@@ -88,8 +90,11 @@ class HAProxyIngress(Listener):
     async def _start_serving(self) -> None:
         metrics = await _serve_unix(self._metrics, self._process.paths.metrics_socket)
         self._stops_with(metrics.stop)
+        await self._cold.start(self._process.paths.cold_socket)
+        self._stops_with(self._cold.stop)
         await asyncio.to_thread(self._start)
-        subscriber = RoutingSubscriber(self._settings, self._on_deployment, self._on_routes)
+        subscriber = RoutingSubscriber(self._settings, self._on_deployment, self._on_routes,
+                                       demands=self._cold.demands)
         subscriber.start()
         self._stops_with(subscriber.stop)
         self._metrics.routing.statistics = subscriber.statistics
@@ -130,21 +135,23 @@ class HAProxyIngress(Listener):
         wanted, loaded = self._wanted, self._loaded
         routes = dict(wanted.routes or {})
         servers = wanted.servers(loaded.servers, time.monotonic())
-        draining, balances = wanted.draining, wanted.balances()
+        draining, balances, cold = wanted.draining, wanted.balances(), wanted.cold()
         start_or_reload(render(self._process.paths, bind_host(self._http.host),
                                self._http.port, routes, servers, wanted.maxconn(),
                                draining=draining, limits=self._http.limits(),
-                               balances=balances))
+                               balances=balances, cold=cold))
         loaded.servers, loaded.routes, loaded.draining = servers, routes, draining
-        loaded.balances = balances
+        loaded.balances, loaded.cold = balances, cold
 
     # ---- desired state, from the long-polls ------------------------------------------
     def _on_routes(self, update: RoutesUpdate) -> None:
         self._wanted.routes = dict(update.routes)
+        self._cold.set_routes(update)
         self._changed.set()
 
     def _on_deployment(self, key: str, update: RoutingUpdate | None) -> None:
         self._wanted.set_deployment(key, update)
+        self._cold.update(key, update)
         self._changed.set()
 
     # ---- applying it -----------------------------------------------------------------
