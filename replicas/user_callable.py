@@ -102,34 +102,31 @@ class UserCallable:
         if fn is not None:
             await call_maybe_async(fn)
 
-    def kv_cache_usage(self) -> float | None:
-        """The engine's KV-cache use (0-1) from the user's ``record_routing_stats()``
-        (Serve's hook name; its ``kv_cache_usage`` entry), for the routers' probes (the
-        kv_load policies); None without one. A probe never waits: only a plain (not
-        async) method is called here, and it must only read what it already has."""
-        fn = self._method("record_routing_stats")
+    def _stats_hook(self, name: str) -> Any:
+        """What the user's plain (not async) stats hook ``name`` returns now; None without
+        one, or when it raised (a broken hook costs its signal, never the caller). Such a
+        hook must only read what it already has: it runs on the replica's loop."""
+        fn = self._method(name)
         if fn is None or inspect.iscoroutinefunction(fn):
             return None
         try:
-            stats = fn()
-        except Exception:  # a broken hook costs the signal, never the probe
-            logger.debug("record_routing_stats raised", exc_info=True)
+            return fn()
+        except Exception:
+            logger.debug("%s raised", name, exc_info=True)
             return None
+
+    def kv_cache_usage(self) -> float | None:
+        """The engine's KV-cache use (0-1) from the user's ``record_routing_stats()``
+        (Serve's hook name; its ``kv_cache_usage`` entry), for the routers' probes (the
+        kv_load policies); None without one. A probe never waits."""
+        stats = self._stats_hook("record_routing_stats")
         value = stats.get("kv_cache_usage") if isinstance(stats, dict) else None
         return float(value) if isinstance(value, (int, float)) else None
 
     def autoscaling_stats(self) -> dict[str, float] | None:
         """The user's ``record_autoscaling_stats()`` (Serve's custom-metrics hook): a dict
-        of numbers, or None without a (plain, not async) one or when it is malformed. It
-        must only read what it already has: it runs on the replica's loop."""
-        fn = self._method("record_autoscaling_stats")
-        if fn is None or inspect.iscoroutinefunction(fn):
-            return None
-        try:
-            stats = fn()
-        except Exception:  # a broken hook costs the signal, never the report
-            logger.debug("record_autoscaling_stats raised", exc_info=True)
-            return None
+        of numbers, or None without one or when it is malformed."""
+        stats = self._stats_hook("record_autoscaling_stats")
         if not isinstance(stats, dict) or not all(
                 isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
                 for k, v in stats.items()):

@@ -113,3 +113,35 @@ def wait_actor_gone(name: str, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"actor {name} still alive after {timeout_s}s")
+
+
+def zero_app(name: str) -> dict:
+    """A Sleeper that scales to zero 2 s after it goes idle and holds a request up to 30 s
+    for its first replica."""
+    return app(name, "tests.integration.apps:Sleeper", deployments=[{
+        "name": "Sleeper", "max_ongoing_requests": 4,
+        "autoscaling_config": {"min_replicas": 0, "max_replicas": 2, "initial_replicas": 1,
+                               "target_ongoing_requests": 4, "upscale_delay_s": 0,
+                               "downscale_delay_s": 1, "downscale_to_zero_delay_s": 2,
+                               "look_back_period_s": 1, "cold_start_hold_s": 30}}])
+
+
+def burst_at_zero(client: Client, url: str, name: str, requests_n: int = 6) -> list[int]:
+    """Once ``zero_app(name)`` answers at ``url`` and has gone to zero replicas, a burst of
+    concurrent requests: their status codes."""
+    import threading
+
+    import requests
+
+    wait_for(client, lambda s: requests.get(f"{url}?s=0", timeout=10).ok, what="served")
+    wait_for(client, lambda s: dep_status(s, name, "Sleeper")["target_replicas"] == 0
+             and not dep_status(s, name, "Sleeper")["replicas"], timeout_s=60,
+             what="idle to zero replicas")
+    codes: list[int] = []
+    burst = [threading.Thread(target=lambda: codes.append(
+        requests.get(f"{url}?s=0.2", timeout=60).status_code)) for _ in range(requests_n)]
+    for t in burst:
+        t.start()
+    for t in burst:
+        t.join()
+    return codes

@@ -8,7 +8,8 @@ import threading
 import pytest
 import requests
 
-from tests.integration.conftest import BASE_URL, app, dep_status, deploy, settled, wait_for
+from tests.integration.conftest import (BASE_URL, app, burst_at_zero, dep_status, deploy,
+                                        settled, wait_for, zero_app)
 
 pytestmark = pytest.mark.integration
 
@@ -48,28 +49,6 @@ def test_idle_goes_to_zero_and_a_burst_at_zero_is_held_then_served(fleet):
     """min_replicas 0: idle, the deployment goes to zero after downscale_to_zero_delay_s;
     a burst then waits in the proxy (cold_start_hold_s) while the first replica starts,
     and every request of it is answered 200, none with an error."""
-    deploy(fleet, app("zero", "tests.integration.apps:Sleeper", deployments=[{
-        "name": "Sleeper", "max_ongoing_requests": 4,
-        "autoscaling_config": {"min_replicas": 0, "max_replicas": 2, "initial_replicas": 1,
-                               "target_ongoing_requests": 4, "upscale_delay_s": 0,
-                               "downscale_delay_s": 1, "downscale_to_zero_delay_s": 2,
-                               "look_back_period_s": 1, "cold_start_hold_s": 30}}]))
-    wait_for(fleet, lambda s: requests.get(BASE_URL + "/zero?s=0", timeout=10).ok,
-             what="route to the app")
-    wait_for(fleet, lambda s: dep_status(s, "zero", "Sleeper")["target_replicas"] == 0
-             and not dep_status(s, "zero", "Sleeper")["replicas"], timeout_s=60,
-             what="idle to zero replicas")
-
-    results: list[int] = []
-
-    def one() -> None:
-        results.append(requests.get(BASE_URL + "/zero?s=0.2", timeout=60).status_code)
-
-    burst = [threading.Thread(target=one) for _ in range(6)]
-    for t in burst:
-        t.start()
-    for t in burst:
-        t.join()
-    assert results == [200] * 6
-    status = fleet.status()
-    assert dep_status(status, "zero", "Sleeper")["target_replicas"] >= 1
+    deploy(fleet, zero_app("zero"))
+    assert burst_at_zero(fleet, BASE_URL + "/zero", "zero") == [200] * 6
+    assert dep_status(fleet.status(), "zero", "Sleeper")["target_replicas"] >= 1

@@ -19,8 +19,8 @@ import requests
 
 from controlplane.config.schema import parse_deploy_config
 from controlplane.ingress.haproxy import membership
-from tests.integration.conftest import (app, call, dep_status, own_fleet, port_of, settled,
-                                        wait_for)
+from tests.integration.conftest import (app, burst_at_zero, call, dep_status, own_fleet,
+                                        port_of, settled, wait_for, zero_app)
 from tests.integration.test_self_healing import Load
 
 pytestmark = pytest.mark.integration
@@ -363,28 +363,8 @@ def test_a_deployment_at_zero_behind_haproxy_holds_a_burst_and_serves_it(haproxy
     """min_replicas 0 in haproxy mode: idle, the deployment goes to zero and its backend
     keeps only the cold-start door (a backup server); a burst then waits there for the
     first replica and every request is answered 200, none with HAProxy's bare 503."""
-    zero = app("zero", f"{APPS}:Sleeper", deployments=[{
-        "name": "Sleeper", "max_ongoing_requests": 4,
-        "autoscaling_config": {"min_replicas": 0, "max_replicas": 2, "initial_replicas": 1,
-                               "target_ongoing_requests": 4, "upscale_delay_s": 0,
-                               "downscale_delay_s": 1, "downscale_to_zero_delay_s": 2,
-                               "look_back_period_s": 1, "cold_start_hold_s": 30}}])
-    send(haproxy, *apps(web_replicas=2, tag="v2"), zero)
+    send(haproxy, *apps(web_replicas=2, tag="v2"), zero_app("zero"))
     url = f"http://127.0.0.1:{port_of(haproxy)}/zero"
-    wait_for(haproxy, lambda s: requests.get(f"{url}?s=0", timeout=10).ok, what="zero served")
-    wait_for(haproxy, lambda s: dep_status(s, "zero", "Sleeper")["target_replicas"] == 0
-             and not dep_status(s, "zero", "Sleeper")["replicas"], timeout_s=60,
-             what="idle to zero replicas")
-    results: list[int] = []
-
-    def one() -> None:
-        results.append(requests.get(f"{url}?s=0.2", timeout=60).status_code)
-
-    burst = [threading.Thread(target=one) for _ in range(6)]
-    for t in burst:
-        t.start()
-    for t in burst:
-        t.join()
-    assert results == [200] * 6
+    assert burst_at_zero(haproxy, url, "zero") == [200] * 6
     assert dep_status(haproxy.status(), "zero", "Sleeper")["target_replicas"] >= 1
     send(haproxy, *apps(web_replicas=2, tag="v2"))

@@ -256,3 +256,22 @@ class AsyncRoutingStats:
 def test_kv_cache_use_comes_only_from_a_plain_routing_stats_hook(target, args, usage):
     user = run(constructed(target, *args))
     assert user.kv_cache_usage() == usage
+
+
+class AutoscalingStats:
+    def __init__(self, stats) -> None:
+        self.stats = stats
+
+    def record_autoscaling_stats(self):
+        if isinstance(self.stats, Exception):
+            raise self.stats
+        return self.stats
+
+
+@pytest.mark.parametrize("stats, sent", [
+    ({"running": 2, "waiting": 1.5}, {"running": 2.0, "waiting": 1.5}),
+    ({"running": True}, None), ({"running": "2"}, None), ([1, 2], None),
+    (RuntimeError("broken"), None)])
+def test_autoscaling_stats_are_a_plain_hooks_numbers_or_nothing(stats, sent):
+    user = run(constructed(AutoscalingStats, stats))
+    assert user.autoscaling_stats() == sent
