@@ -4,9 +4,11 @@ Owns the engine's state and its Prometheus text, and no I/O or timer: the HTTP s
 (``server.py``) calls ``step()`` at its step rate or when a test asks it to (``/sim/step``),
 unit tests call it under a fake clock.
 The metrics are rendered by prometheus_client in vLLM's real names and labels
-(``model_name``, ``engine``): ``vllm:num_requests_running``/``_waiting`` gauges, the
-``vllm:generation_tokens`` and ``vllm:prompt_tokens`` counters, the
-``vllm:iteration_tokens_total`` histogram (its ``_count`` is engine steps) and
+(``model_name``, ``engine``), as vLLM's v1 engine serves them (``vllm/v1/metrics/loggers.py``,
+the same from 0.11 to 0.32, the newest read): ``vllm:num_requests_running``/``_waiting``
+gauges, the ``vllm:generation_tokens`` and ``vllm:prompt_tokens`` counters (``_total`` when
+exposed), the ``vllm:iteration_tokens_total`` histogram (its ``_count`` is engine steps), the
+``vllm:time_to_first_token_seconds`` histogram (vLLM's buckets) and
 ``process_start_time_seconds``, left out when the engine plays vLLM with several API servers.
 
 A request first spends ``prefill_steps`` steps reading its prompt (steps, no output tokens),
