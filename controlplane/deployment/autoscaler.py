@@ -23,7 +23,8 @@ from controlplane.config.schema import AutoscalingConfig
 from controlplane.deployment.autoscaling import (AutoscalingPolicy, MetricWindow,
                                                  ScalingDecision, ScalingState,
                                                  WindowStatistics, decide, decide_count)
-from controlplane.deployment.llm_scaling import DemandTrend, EngineBoard, llm_desired
+from controlplane.deployment.llm_scaling import (SLOPE_OVER_S, DemandTrend, EngineBoard,
+                                                 llm_desired)
 from controlplane.deployment.lifecycle import SERVING_STATES, TERMINAL_STATES
 from controlplane.deployment.replica_set import Moved
 
@@ -58,7 +59,7 @@ class Autoscaler:
                                                      if k in known})
         if old is None or old.look_back_period_s != self.policy.look_back_period_s:
             self._window = MetricWindow(look_back_period_s=self.policy.look_back_period_s)
-            self._trend = DemandTrend(self.policy.look_back_period_s)
+            self._trend = DemandTrend(self.policy.look_back_period_s, SLOPE_OVER_S)
 
     # ---- loads -------------------------------------------------------------------------
     def replica_moved(self, moved: Moved) -> None:

@@ -39,6 +39,10 @@ from typing import Mapping
 
 DOWN_BAND = 0.8  # scale down only to a count that would be <= 80% of the target fill
 STALE_AFTER_S = 120.0  # an engine's stats older than this no longer count
+# The demand's growth is fitted over this long (or the look-back, if longer): about one
+# large model's start, and long enough that the 40 s steps of the engines' stats do not
+# read as a surge.
+SLOPE_OVER_S = 300.0
 _TOLERANCE = 1e-9
 
 
@@ -154,8 +158,9 @@ class DemandTrend:
     spike neither asks for replicas nor holds back a downscale. Its sums are kept per
     sample (O(1) per decision); the peak is a monotonic deque (amortised O(1))."""
 
-    def __init__(self, look_back_s: float) -> None:
-        self._look_back_s = look_back_s
+    def __init__(self, look_back_s: float, slope_over_s: float = 0.0) -> None:
+        self._look_back_s = look_back_s  # the peak's window
+        self._slope_over_s = max(look_back_s, slope_over_s)  # the slope's (longer: smoother)
         self._samples: deque[tuple[float, float]] = deque()
         self._peaks: deque[tuple[float, float]] = deque()  # decreasing demands
         self._sums = [0.0, 0.0, 0.0, 0.0]  # t, d, t*t, t*d (t relative to the origin)
@@ -165,8 +170,10 @@ class DemandTrend:
         if self._origin is None:
             self._origin = now
         self._push(now, demand)
-        while self._samples and now - self._samples[0][0] > self._look_back_s:
+        while self._samples and now - self._samples[0][0] > self._slope_over_s:
             self._pop()
+        while self._peaks and now - self._peaks[0][0] > self._look_back_s:
+            self._peaks.popleft()
         return Trend(self._peaks[0][1], self._slope())
 
     def _push(self, now: float, demand: float) -> None:

@@ -160,3 +160,12 @@ def test_idle_scales_down_after_the_delay_then_to_zero_after_its_own():
 
 def test_replicas_still_loading_are_not_scaled_away_for_want_of_stats():
     assert set(replay([{}] * 400, target=2)) == {2}
+
+
+def test_the_slope_is_fitted_over_its_own_longer_window_the_peak_over_the_look_back():
+    trend = DemandTrend(look_back_s=30.0, slope_over_s=300.0)
+    for t in range(0, 300, 40):  # the engines' stats: a step every 40 s, rising slowly
+        for s in range(40):
+            last = trend.add(float(t + s), 2.0 + t / 100)
+    assert last.growth_per_s == pytest.approx(0.01, rel=0.1)  # 0.4 per 40 s step
+    assert last.peak == pytest.approx(2.0 + 280 / 100)
