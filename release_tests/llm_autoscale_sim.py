@@ -248,7 +248,7 @@ class FleetplanePolicy:
 
     def __call__(self, fleet: Fleet, now: float, serving: list[Replica]) -> int:
         serving_ids = {r.replica_id for r in serving}
-        for rid in list(self.scaler.engines._stats):  # left serving: forget (replica_moved)
+        for rid in self.scaler.engines.reporting():  # left serving: forget (replica_moved)
             if rid not in serving_ids:
                 self.scaler.engines.forget(rid)
         decision = self.scaler.decide(now, fleet.target, serving_ids,

@@ -92,6 +92,10 @@ class EngineBoard:
         self._stats[replica_id] = (row, now)
         self._add(row, +1)
 
+    def reporting(self) -> list[str]:
+        """The replicas whose stats count now."""
+        return list(self._stats)
+
     def forget(self, replica_id: str) -> None:
         """It stopped serving: its engine no longer counts."""
         self._remove(replica_id)

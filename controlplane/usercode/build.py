@@ -47,7 +47,8 @@ from pydantic import BaseModel, ValidationError
 from controlplane.deployment.autoscaling import AutoscalingPolicy, initial_target
 from controlplane.config.request_router import RequestRouterConfig
 from controlplane.config.schema import AutoscalingConfig, DeploymentConfig, check_deployment_options
-from controlplane.usercode.code_fit import check_constructor, check_user_config, start_deadline
+from controlplane.usercode.code_fit import (check_constructor, check_llm_scaling,
+                                            check_user_config, start_deadline)
 from controlplane.config.serve_compat import AUTO_AUTOSCALING
 from controlplane.errors import BuildError, ConfigError, exception_line
 from controlplane.usercode.import_path import import_target
@@ -321,6 +322,8 @@ def _spec(app_config: Mapping[str, Any], found: _Found, override: Mapping[str, A
     check_user_config(app_config["name"], found.name, found.target, options["user_config"])
     check_constructor(app_config["name"], found.name, found.target, found.args, found.kwargs,
                       found.args_from)
+    check_llm_scaling(app_config["name"], found.name, found.target,
+                      options["autoscaling_config"])
     if options["autoscaling_config"] is not None:  # the schema rejects setting both
         options["num_replicas"] = initial_target(
             AutoscalingPolicy.from_config(options["autoscaling_config"]))

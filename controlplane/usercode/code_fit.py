@@ -71,6 +71,19 @@ def _bare(signature: inspect.Signature) -> inspect.Signature:
         return_annotation=inspect.Signature.empty)
 
 
+def check_llm_scaling(app: str, deployment: str, target: Any, scaling: Any) -> None:
+    """``autoscaling_config.llm`` scales on what the replicas report of their engine
+    (``record_autoscaling_stats()``, as ``VLLMServer`` has): a class without it would
+    never report, and never scale."""
+    if not scaling or not scaling.get("llm"):
+        return
+    if not callable(getattr(target, "record_autoscaling_stats", None)):
+        raise BuildError(app, f"deployment '{deployment}' sets autoscaling_config.llm, but "
+                         "its code has no record_autoscaling_stats() reporting its engine "
+                         "(running, waiting, slots), so it would never scale; use "
+                         "replicas.vllm_replica:VLLMServer, add the method, or remove llm")
+
+
 def start_deadline(app: str, found: Any, configured: float | None) -> float | None:
     """A deployment's start deadline: ``configured`` (``replica_start_timeout_s``), which
     must not be shorter than its engine's ``startup_timeout_s``; unset, that engine start

@@ -2,7 +2,9 @@
 against the health period and against an LLM engine's own ``startup_timeout_s``, derived
 from that engine start where unset, and honoured by the shard in virtual time: a start
 that takes longer than 300 s (a cold load of a large model) completes under a deadline
-that allows it. No Ray: the shard runs on fakes, on a virtual-time loop."""
+that allows it. And the other build-time check of an LLM deployment: its
+``autoscaling_config.llm`` needs code that reports its engine. No Ray: the shard runs on
+fakes, on a virtual-time loop."""
 
 from __future__ import annotations
 
@@ -118,3 +120,16 @@ def test_status_shows_what_a_starting_replica_said_and_for_how_long():
         assert shard.replicas()[0]["state"] == "RUNNING"
         assert shard.core._deployments[DEP].ops.start_progress(rid) is None
     run(scenario)
+
+
+def test_llm_autoscaling_on_code_that_reports_no_engine_is_refused():
+    app = parse(autoscaling_config={"min_replicas": 0, "max_replicas": 2, "llm": {}})
+    assert build_application(app)[0].autoscaling_config["llm"]["target_fill"] == 0.75
+    plain = {"name": "plain", "import_path": "tests.unit.sample_apps:Model",
+             "deployments": [{"name": "Model", "autoscaling_config": {
+                 "min_replicas": 1, "max_replicas": 2, "llm": {}}}]}
+    plain = config_to_dict(parse_deploy_config({"applications": [plain]}))["applications"][0]
+    with pytest.raises(BuildError) as caught:
+        build_application(plain)
+    assert "sets autoscaling_config.llm, but its code has no record_autoscaling_stats()" in \
+        caught.value.message
