@@ -111,8 +111,13 @@ class Router:
     # ---- fed by the owning shard's push ----------------------------------------------
     def update_replicas(self, replicas: Iterable[ReplicaInfo]) -> None:
         """Replace the placeable set. Replicas left out (stopping) get no new request;
-        their running requests finish normally."""
+        their running requests finish normally; the transport forgets them."""
+        before = self._members.by_id
         self._members.replace(replicas)
+        forget = getattr(self._transport, "forget", None)
+        if forget is not None:
+            for replica_id in before.keys() - self._members.by_id.keys():
+                forget(before[replica_id])
         self._cache.set_members(self._members.by_id)
         self._dispatch()
 

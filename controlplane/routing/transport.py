@@ -78,6 +78,12 @@ class RayTransport:
             self._handles[replica.actor_name] = handle
         return handle
 
+    def forget(self, replica: ReplicaInfo) -> None:
+        """The replica left the set: drop its handle. Its name may come back on another
+        actor (a restarted shard issues ids again from the live replicas it finds), and a
+        cached handle would reach the dead one; the cache also stays bounded by the set."""
+        self._handles.pop(replica.actor_name, None)
+
     def _gone(self, replica: ReplicaInfo, error: BaseException) -> ReplicaUnavailableError:
         self._handles.pop(replica.actor_name, None)
         return ReplicaUnavailableError(replica.replica_id, first_line(error))

@@ -126,9 +126,11 @@ def zero_app(name: str) -> dict:
                                "look_back_period_s": 1, "cold_start_hold_s": 30}}])
 
 
-def burst_at_zero(client: Client, url: str, name: str, requests_n: int = 6) -> list[int]:
+def burst_at_zero(client: Client, url: str, name: str, requests_n: int = 6,
+                  meanwhile: Callable[[], None] = lambda: None) -> list[tuple[int, str]]:
     """Once ``zero_app(name)`` answers at ``url`` and has gone to zero replicas, a burst of
-    concurrent requests: their status codes."""
+    concurrent requests (``meanwhile`` runs while they are out): their status codes, and
+    the start of each answer's text."""
     import threading
 
     import requests
@@ -137,11 +139,16 @@ def burst_at_zero(client: Client, url: str, name: str, requests_n: int = 6) -> l
     wait_for(client, lambda s: dep_status(s, name, "Sleeper")["target_replicas"] == 0
              and not dep_status(s, name, "Sleeper")["replicas"], timeout_s=60,
              what="idle to zero replicas")
-    codes: list[int] = []
-    burst = [threading.Thread(target=lambda: codes.append(
-        requests.get(f"{url}?s=0.2", timeout=60).status_code)) for _ in range(requests_n)]
+    codes: list[tuple[int, str]] = []
+
+    def one() -> None:
+        answer = requests.get(f"{url}?s=0.2", timeout=60)
+        codes.append((answer.status_code, answer.text[:300]))
+
+    burst = [threading.Thread(target=one) for _ in range(requests_n)]
     for t in burst:
         t.start()
+    meanwhile()
     for t in burst:
         t.join()
     return codes

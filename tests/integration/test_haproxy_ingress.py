@@ -365,6 +365,7 @@ def test_a_deployment_at_zero_behind_haproxy_holds_a_burst_and_serves_it(haproxy
     first replica and every request is answered 200, none with HAProxy's bare 503."""
     send(haproxy, *apps(web_replicas=2, tag="v2"), zero_app("zero"))
     url = f"http://127.0.0.1:{port_of(haproxy)}/zero"
-    assert burst_at_zero(haproxy, url, "zero") == [200] * 6
+    answers = burst_at_zero(haproxy, url, "zero")
+    assert [code for code, _ in answers] == [200] * 6, answers
     assert dep_status(haproxy.status(), "zero", "Sleeper")["target_replicas"] >= 1
     send(haproxy, *apps(web_replicas=2, tag="v2"))

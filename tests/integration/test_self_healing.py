@@ -239,3 +239,22 @@ def test_a_deploy_sent_while_the_controller_restarts_is_applied(heal):
     wait_for(_Tolerant(heal), settled(APP, N + 1), what="the deploy applied after restart")
     deploy_retrying(heal, heal_app(N))
     wait_for(heal, settled(APP, N), what="scaled back")
+
+
+def test_a_shard_killed_while_a_burst_waits_at_zero_loses_no_request(heal):
+    """The deployment is at zero and a burst is held by the proxy when its shard is
+    SIGKILLed: the restarted shard hears the routers' held requests, starts the first
+    replica, and every request is answered 200."""
+    from controlplane.specs import DeploymentId, shard_of
+
+    deploy(heal, heal_app(), conftest.zero_app("zeroheal"))
+    shard = f"fleetplane_shard_{shard_of(DeploymentId('zeroheal', 'Sleeper'), 2)}"
+
+    def kill_the_shard() -> None:
+        time.sleep(0.3)  # the requests are in the proxy's queue
+        kill(shard)
+
+    answers = conftest.burst_at_zero(heal, url(heal).rsplit("/", 1)[0] + "/zeroheal",
+                                     "zeroheal", meanwhile=kill_the_shard)
+    assert [code for code, _ in answers] == [200] * 6, answers
+    deploy(heal, heal_app())

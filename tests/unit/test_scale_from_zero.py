@@ -147,3 +147,20 @@ def test_a_wait_of_minutes_at_zero_keeps_the_backoff_bounded():
         h.transport.finish("slow start")
         assert await task == "done slow start"
     h.run(main)
+
+
+def test_a_replica_that_leaves_the_set_is_forgotten_by_the_transport():
+    """Its id can come back on another actor (a restarted shard issues ids again from the
+    live replicas it finds: at zero, from #0); a cached handle would reach the dead one
+    (a kill-under-load run of scale from zero answered 502 so)."""
+    h = Harness()
+
+    async def main():
+        forgotten = []
+        h.transport.forget = lambda replica: forgotten.append(replica.replica_id)
+        router = h.make(replicas=2)
+        router.update_replicas([replica(1)])
+        assert forgotten == ["r0"]
+        router.update_replicas([replica(0), replica(1)])  # r0 again: a new actor
+        assert forgotten == ["r0"]
+    h.run(main)
