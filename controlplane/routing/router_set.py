@@ -13,7 +13,8 @@ from typing import Any, AsyncIterator
 from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
 from controlplane.routing.asgi import MODEL_ID_HEADER, header_value, respond
-from controlplane.routing.router import Router, RouterStatistics
+from controlplane.routing.router import Router
+from controlplane.routing.router_stats import RouterStatistics
 from controlplane.routing.routing_config import RoutingConfig
 from controlplane.routing.transport import RayTransport, ReplicaTransport, relay_websocket
 from controlplane.settings import RouterSettings

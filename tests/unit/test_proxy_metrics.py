@@ -16,7 +16,7 @@ def test_long_poll_failures_and_unreachable_targets_are_exported_once_serving():
 
 
 def test_each_deployment_router_is_exported():
-    from controlplane.routing.router import RouterStatistics
+    from controlplane.routing.router_stats import RouterStatistics
 
     metrics = ProxyMetrics()
     metrics.routers.statistics = lambda: [RouterStatistics(
