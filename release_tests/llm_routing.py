@@ -37,6 +37,7 @@ import json
 import sys
 import time
 
+from controlplane.routing.prefix_affinity import DEFAULT_BALANCE_FACTOR
 from release_tests.llm_fleet import SimFleet
 from release_tests.llm_load import closed_loop, open_loop
 from release_tests.llm_routing_stats import (criteria, decision_cost, point_stats,
@@ -146,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-s", type=float, default=15.0)
     p.add_argument("--decisions", type=int, default=5000)
     p.add_argument("--balance-factor", type=float, default=None,
-                   help="request_router_kwargs.balance_factor (default: the product's, 1.25)")
+                   help="request_router_kwargs.balance_factor (default: the product's, "
+                   f"{DEFAULT_BALANCE_FACTOR:g})")
     p.add_argument("--port", type=int, default=8050)
     p.add_argument("--ramp-loads", default=",".join(map(str, RAMP)),
                    help="loads tried for throughput at equal p99, in order")
@@ -210,7 +212,7 @@ def fleet_setup(args) -> dict:
             "steps_per_s": round(args.speedup / GB10.step_s, 1),
             "prefill_tokens_per_step": GB10.prefill_tokens_per_step,
             "seconds": args.seconds, "warmup_s": args.warmup_s, "loads": args.loads,
-            "balance_factor": args.balance_factor or 1.25,
+            "balance_factor": args.balance_factor or DEFAULT_BALANCE_FACTOR,
             "calibration": "vLLM DGX Spark guide (June 2026): Nemotron-3-Super-120B-A12B-NVFP4 "
                            "on one GB10, --max-num-seqs 4"}
 
