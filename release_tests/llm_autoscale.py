@@ -23,7 +23,8 @@ ramp and the first burst), a minute or so.
 
 Reported per row: ``replica_seconds`` (from the ask to the end of the drain, loading
 included), ``failed`` (no first token within ``--client-timeout-s`` of the first try),
-``held`` (requests that met no running replica), ``hinted`` (told to come back),
+``held`` (requests that met no running replica) and ``held_wait_s`` (their wait for a
+first token: median, max), ``hinted`` (told to come back),
 ``cold_starts``, ``slo_windows_met`` (the fraction of ``--window-s`` windows with requests
 whose TTFT p99 is within ``--ttft-slo-s``), ``first_answer_after_start_s`` (per cold start,
 its first answer after its first replica came up: the worst), the cold starts' measured
@@ -130,6 +131,9 @@ def summarize(fleet, hour_s: float, slo_s: float, hours: int, window_s: float) -
     return {"replica_seconds": round(fleet.replica_seconds),
             "failed": sum(o.failed for o in outcomes), "requests": len(outcomes),
             "held": sum(o.held for o in outcomes),
+            # how long the requests that met no replica waited for their first token
+            "held_wait_s": _spread([o.ttft_s for o in outcomes
+                                    if o.held and o.ttft_s is not None]),
             "hinted": sum(o.hinted > 0 for o in outcomes),
             "cold_starts": fleet.cold_starts,
             "slo_windows_met": round(len(met) / len(windows), 3) if windows else None,
@@ -145,6 +149,13 @@ def summarize(fleet, hour_s: float, slo_s: float, hours: int, window_s: float) -
                                    round(w["ttft_p99_s"], 2) for w in per_hour],
             # replicas held (loading, serving or draining), every 5 minutes
             "replicas_every_5min": [held for _, _, _, held, _ in fleet.timeline[::5]]}
+
+
+def _spread(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"p50": round(ordered[len(ordered) // 2], 1), "max": round(ordered[-1], 1)}
 
 
 def _p99(values: list[float]) -> float | None:

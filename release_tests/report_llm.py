@@ -46,7 +46,8 @@ def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
     return lines
 
 
-AUTOSCALE_COLUMNS = ["system", "replica_seconds", "failed", "requests", "held", "hinted",
+AUTOSCALE_COLUMNS = ["system", "replica_seconds", "failed", "requests", "held", "held_wait_s",
+                     "hinted",
                      "cold_starts", "slo_windows_met", "first_answer_after_start_s",
                      "measured_start_s"]
 

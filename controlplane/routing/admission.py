@@ -57,10 +57,10 @@ class RetryAdvisor:
         """A request at a deployment with no replica yet: told when to come back: half a
         hold before the replica is expected (a start runs longer or shorter than the
         measured average; back a little early, the request is held until the replica
-        answers, where one back late would wait for nothing), the hold itself while
-        nothing is measured."""
+        answers, where one back late would wait for nothing); a quarter of a hold while no
+        start is measured yet (the first ever: back soon, to be held again)."""
         hold = config.cold_hold_s or 0.0
-        due = eta_s - hold / 2 if eta_s is not None else hold
+        due = eta_s - hold / 2 if eta_s is not None else hold / 4
         value = max(1, math.ceil(due))
         self.last_s = value
         waited = f"waited {held_s:.0f} s; " if held_s > 0 else ""

@@ -164,3 +164,18 @@ def test_a_replica_that_leaves_the_set_is_forgotten_by_the_transport():
         router.update_replicas([replica(0), replica(1)])  # r0 again: a new actor
         assert forgotten == ["r0"]
     h.run(main)
+
+
+def test_with_no_start_measured_yet_a_hold_that_runs_out_comes_back_soon():
+    """The deployment's first start ever: no measured start time. The client is told to
+    come back a quarter of a hold later, to be held again (not a whole hold: the replica
+    may well be up by then)."""
+    h = Harness()
+
+    async def main():
+        router = _cold(h, hold_s=120.0)
+        task = h.start("first ever")
+        with pytest.raises(BackpressureError) as caught:
+            await task
+        assert caught.value.retry_after_s == 30
+    h.run(main)
