@@ -95,12 +95,10 @@ class DemandBoard:
         running = replicas.count(ReplicaState.RUNNING)
         if self.start_s is None or not starting:
             return None, 1.0
-        if not running:  # from zero: when the first should answer (``Router._wait_cold``)
-            oldest_age = now - min(r.started_at for r in starting)
-            return round(max(0.0, self.start_s - oldest_age), 1), 1.0
         oldest_age = now - min(r.started_at for r in starting)
-        eta = max(0.0, self.start_s - oldest_age)
-        return round(eta, 1), round((running + len(starting)) / running, 2)
+        eta = round(max(0.0, self.start_s - oldest_age), 1)
+        # from zero: when the first should answer (``Router._wait_cold``), no growth factor
+        return eta, round((running + len(starting)) / running, 2) if running else 1.0
 
 
 def _rounded(rate: float) -> float:

@@ -55,14 +55,15 @@ class DeploymentRouting:
         first time and when limits or models changed (O(replicas), rare), else a delta of
         the serving replicas that joined, changed or left (O(changes)), with a new cluster
         total when due (``cluster_informed`` only), else None."""
+        hold = cold_hold_s(spec)
         informed = (spec.backpressure_config.get("retry_after_policy") == "cluster_informed"
-                    or cold_hold_s(spec) is not None)
+                    or hold is not None)
         demand = self.demand.to_publish(now, replicas) if informed else None
         if demand is not None:
             self._demand = demand
         limits = (spec.max_ongoing_requests, spec.max_queued_requests,
                   tuple(sorted(spec.backpressure_config.items())), self._models_version,
-                  _policy(spec), cold_hold_s(spec))
+                  _policy(spec), hold)
         changes = replicas.take_serving_changes()
         if limits != self._key or self._published is None:
             self._key = limits

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -62,3 +64,14 @@ class Served:
     def stop(self) -> None:
         """Stop accepting; requests in flight finish (uvicorn's graceful shutdown)."""
         self._server.should_exit = True
+
+
+async def serve_unix(app: Any, path: Path, what: str) -> Served:
+    """uvicorn serving ``app`` on a unix socket at ``path`` (a stale one from a previous
+    actor replaced)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    return await Served.start(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                             access_log=False), sock, what)

@@ -17,15 +17,12 @@ Only deployments that scale to zero get routers here (others never reach the doo
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
-
-import uvicorn
 
 from controlplane.clock import SystemClock
 from controlplane.config.options import HTTPOptions
 from controlplane.routing.front_door import FrontDoor
-from controlplane.routing.listen import Served
+from controlplane.routing.listen import Served, serve_unix
 from controlplane.routing.route_table import RouteTable
 from controlplane.routing.router_set import RouterSet
 from controlplane.settings import Settings
@@ -57,13 +54,7 @@ class ColdDoor:
         return self.routers.demands()
 
     async def start(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
-        self._served = await Served.start(uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", access_log=False), sock,
-            "cold-start door")
+        self._served = await serve_unix(self.app, path, "cold-start door")
 
     def stop(self) -> None:
         if self._served is not None:

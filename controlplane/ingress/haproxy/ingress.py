@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import uvicorn
 
 from controlplane.config.options import HTTPOptions
 from controlplane.ingress.haproxy import membership
@@ -42,7 +40,7 @@ from controlplane.ingress.haproxy.process import HAProxyProcess
 from controlplane.ingress.listener import Listener
 from controlplane.priority import take_control_priority
 from controlplane.routing.bind import bind_host
-from controlplane.routing.listen import Served, listen_socket
+from controlplane.routing.listen import listen_socket, serve_unix
 from controlplane.routing.subscriber import RoutingSubscriber
 from controlplane.settings import Settings
 from controlplane.wire import RoutesUpdate, RoutingUpdate
@@ -88,7 +86,8 @@ class HAProxyIngress(Listener):
         return f"http://{self._address()}"
 
     async def _start_serving(self) -> None:
-        metrics = await _serve_unix(self._metrics, self._process.paths.metrics_socket)
+        metrics = await serve_unix(self._metrics, self._process.paths.metrics_socket,
+                                   "/metrics listener")
         self._stops_with(metrics.stop)
         await self._cold.start(self._process.paths.cold_socket)
         self._stops_with(self._cold.stop)
@@ -281,16 +280,6 @@ class HAProxyIngress(Listener):
                 "ready": self._wanted.routes is not None and not self._loaded.draining,
                 "draining": self._wanted.draining,
                 "servers": sum(len(s) for s in self._loaded.servers.values())}
-
-
-async def _serve_unix(app, path: Path) -> Served:
-    """uvicorn on a unix socket at ``path`` (a stale one from a previous actor replaced)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
-    return await Served.start(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                             access_log=False), sock, "/metrics listener")
 
 
 def _routes_of(config: str) -> dict[str, str] | None:
