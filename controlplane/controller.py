@@ -44,6 +44,7 @@ from controlplane.nodes import NodeChanges, NodeInfo, NodeWatch, node_rows, read
 from controlplane.priority import take_control_priority
 from controlplane.ingress.proxy_fleet import ProxyFleet
 from controlplane.replica_client import load_plugin
+from controlplane.serve_facade.host import ServeApiHost
 from controlplane.settings import REPORTER_PREFIX, Settings, shard_actor_name, uses_reporter
 from controlplane.shard import ControllerShard
 from controlplane.specs import DeploymentId, DeploymentSpec, shard_of, with_direct_ingress
@@ -76,6 +77,7 @@ class Controller:
         self._routes = LongPollHost()
         self._supervisor = Supervisor()
         self._proxies = ProxyFleet(self._settings, self._supervisor)
+        self._serve_api = ServeApiHost(self._settings, self._supervisor)
         self._nodes = NodeWatch(self._on_nodes)
         self._drains: dict[str, float] = {}  # draining node -> wall-clock deadline
         self._recovery: asyncio.Task | None = None
@@ -101,6 +103,7 @@ class Controller:
         waits for a deploy in progress once resumed: ``status`` answers throughout."""
         if self._recovered:
             return {"generation": self._generation, "num_shards": len(self._shards)}
+        self._serve_api.ensure()  # Serve's tools find fleetplane (serve_facade)
         async with self._lock:
             if not self._recovered:
                 self._recovered = True
@@ -134,6 +137,7 @@ class Controller:
             specs, warnings = await build_all(normalized["applications"], timeout_s)
             result = await self._commit(normalized, cfg.http_options, specs, checkpoint=True)
             result["warnings"] = [*ignored_fields(cfg), *warnings, *result["warnings"]]
+            result["serve_api_address"] = await self._serve_api.address_within(10.0)
             return result
         finally:
             self._deploying = None
@@ -262,6 +266,12 @@ class Controller:
         self._kick_recovery()
         return await self._routes.listen(known, watch_all=True, timeout_s=timeout_s)
 
+    async def running_config(self) -> dict | None:
+        """The committed config, normalized (``serve_facade``: what runs, to merge a
+        Serve config into and to show as ``deployed_app_config``)."""
+        await self.ready()
+        return self._config
+
     async def ingress_of(self, app: str) -> str | None:
         """The name of an application's ingress deployment (``serve.get_app_handle``)."""
         return next((s.id.name for s in self._specs.values() if s.id.app == app and s.ingress),
@@ -295,6 +305,7 @@ class Controller:
         status["controller"]["proxies"] = self._proxies.addresses()
         ingress = self._committed.http.ingress if self._committed is not None else "proxy"
         status["controller"]["ingress"] = ingress
+        status.update(self._serve_api.describe())
         listeners = await self._proxies.describe()
         if ingress == "haproxy":
             status["controller"]["haproxy"] = listeners
@@ -325,6 +336,7 @@ class Controller:
         async with self._lock:
             self._supervisor.stop_all()  # what is stopped now must stay stopped
             self._nodes.stop()
+            await self._serve_api.shutdown()  # first: its bridges route through the shards
             drained = await asyncio.gather(*(s.shutdown.remote(timeout_s) for s in self._shards),
                                            return_exceptions=True)
             for shard in self._shards:

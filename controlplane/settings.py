@@ -81,6 +81,12 @@ class Settings:
     shard: ShardSettings = field(default_factory=ShardSettings)
     replica: ReplicaSettings = field(default_factory=ReplicaSettings)
     router: RouterSettings = field(default_factory=RouterSettings)
+    # Serve's REST API (``serve_facade``): where fleetplane answers it when the cluster
+    # has no Ray dashboard to (the embedded Ray of ``fleetplane run``). 8265 is the
+    # dashboard's port, so Ray's ``serve`` CLI finds it with no ``-a``; 0: no listener
+    # of ours (a dashboard, drivers and RayService still work); -1: no facade at all.
+    serve_api_host: str = "127.0.0.1"
+    serve_api_port: int = 8265
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,7 +96,9 @@ class Settings:
         return cls(namespace=data["namespace"], controller_name=data["controller_name"],
                    checkpoint_key=data["checkpoint_key"],
                    shard=ShardSettings(**data["shard"]), replica=ReplicaSettings(**data["replica"]),
-                   router=RouterSettings(**data.get("router", {})))
+                   router=RouterSettings(**data.get("router", {})),
+                   serve_api_host=data.get("serve_api_host", "127.0.0.1"),
+                   serve_api_port=data.get("serve_api_port", 8265))
 
 
 def shard_actor_name(index: int) -> str:

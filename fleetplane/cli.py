@@ -16,6 +16,7 @@ import time
 
 from controlplane.config.schema import ignored_fields, load_deploy_config
 from controlplane.errors import ControllerGone, NoInstance
+from controlplane.settings import Settings
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from fleetplane.cli_cluster import add_cluster_parser, cmd_start_local_cluster
 from fleetplane.cli_errors import EXIT_BAD_CONFIG, EXIT_OK, report
@@ -37,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="join this Ray cluster instead of starting one")
     run.add_argument("--start-timeout-s", type=float, default=600.0,
                      help="give up if replicas are not RUNNING by then (default 600)")
+    run.add_argument("--serve-api-port", type=int, default=8265,
+                     help="where Ray Serve's REST API is answered (Ray's `serve deploy/"
+                     "status/shutdown -a`) when the cluster has no Ray dashboard to answer "
+                     "it; 8265 (default) is the dashboard's own, so `serve status` needs no "
+                     "-a; 0: no listener")
+    run.add_argument("--serve-api-host", default="127.0.0.1",
+                     help="its address (default 127.0.0.1; another needs Ray's token auth)")
     deploy = sub.add_parser("deploy", help="apply CONFIG to a running instance")
     deploy.add_argument("config")
     deploy.add_argument("--wait", action="store_true", help="return once all are RUNNING")
@@ -143,7 +151,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from controlplane.admin_surface import auth_line, cluster_token_auth_on
 
         _say(start, auth_line(cluster_token_auth_on())[0])
-    client = Client()
+    client = Client(Settings(serve_api_host=args.serve_api_host,
+                             serve_api_port=args.serve_api_port))
     deployed = False
     try:
         client.start_controller()
@@ -153,6 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
              f"{result['num_shards']} shard(s); waiting for replicas")
         for warning in result.get("warnings", []):
             _say(start, f"warning: {warning}")
+        _say_serve_api(start, result.get("serve_api_address"))
         _serve(client, start, args.start_timeout_s)
     except KeyboardInterrupt:
         _say(start, "stopping: draining replicas")
@@ -164,6 +174,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             _stop(client, start, embedded=not args.address)
         forget_record()
     return EXIT_OK
+
+
+def _say_serve_api(start: float, address: str | None) -> None:
+    if address:
+        _say(start, f"Ray Serve's REST API answered at {address}: Ray's `serve status/deploy/"
+             f"shutdown -a {address}` work here (README: Switching from Ray Serve)")
+    else:
+        _say(start, "Ray Serve's REST API is not answered (`fleetplane status` says why)")
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

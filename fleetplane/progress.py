@@ -57,6 +57,10 @@ def render_table(status: dict) -> str:
         out.append("no applications")
     c = status["controller"]
     out.append(f"controller: {c['num_shards']} shard(s), generation {c['generation']}")
+    if status.get("serve_api_address"):
+        out.append(f"Ray Serve's REST API: {status['serve_api_address']}")
+    elif status.get("serve_api_error"):
+        out.append(f"Ray Serve's REST API: not answered: {status['serve_api_error']}")
     return "\n".join(out)
 
 
