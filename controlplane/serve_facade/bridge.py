@@ -21,8 +21,6 @@ import asyncio
 import pickle
 from typing import Any, AsyncIterator
 
-from controlplane.settings import Settings
-
 BRIDGE_PREFIX = "FLEETPLANE_HANDLE_BRIDGE::"
 # A bridge never refuses a call itself: fleetplane's router behind it applies each
 # replica's max_ongoing_requests and backpressure. Serve's handle counts this many in
@@ -36,6 +34,8 @@ def bridge_name(app: str, deployment: str) -> str:
 
 class HandleBridge:
     def __init__(self, settings: dict, app: str, deployment: str) -> None:
+        from controlplane.settings import Settings
+
         self._settings = Settings.from_dict(settings)
         self._key = f"{app}/{deployment}"
         self._ongoing = 0

@@ -134,10 +134,19 @@ def serve_app_config(app_config: dict | None) -> dict | None:
     knows (fleetplane's own additions left out), or None if it does not fit Serve's."""
     if app_config is None:
         return None
-    fields = dict(app_config)
+    fields = _without_nones(app_config)
     fields["deployments"] = [_known_fields(DeploymentSchema, d)
                              for d in app_config.get("deployments", [])]
     return _known_fields(ServeApplicationSchema, fields)
+
+
+def _without_nones(value: Any) -> Any:
+    """A normalized config's unset (None) options left out, at every depth."""
+    if isinstance(value, dict):
+        return {k: _without_nones(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nones(v) for v in value]
+    return value
 
 
 def _known_fields(model: Any, data: dict) -> dict:

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from controlplane.errors import first_line
-from controlplane.serve_facade.targets import SERVE_NAMESPACE, end_all_bridges
+from controlplane.serve_facade.targets import SERVE_NAMESPACE, by_value, end_all_bridges
 from controlplane.settings import Settings
 from controlplane.supervision import Supervisor
 
@@ -46,16 +46,20 @@ class ServeApiHost:
                 **({"serve_api_error": self.error} if self.error else {})}
 
     async def _start(self) -> None:
-        from controlplane.serve_facade.facade import ServeFacade
+        from controlplane.serve_facade.serve_controller import ServeFacade
 
         try:
-            self._facade = ray.remote(ServeFacade).options(
+            facade = ray.remote(by_value(ServeFacade)).options(
                 name=SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE, lifetime="detached",
                 get_if_exists=True, num_cpus=0, max_restarts=-1, max_concurrency=10_000,
             ).remote(self._settings.to_dict())
-            await self._serve()
+            self.error = await _not_ours(facade, self._settings.namespace)
+            if not self.error:
+                self._facade = facade  # only ours is ever started, stopped or killed
+                await self._serve()
         except Exception as e:  # never fails the instance: status says why
             self.error = _explain(e)
+        if self.error:
             logger.error("Serve's API is not answered: %s", self.error)
             return
         self._supervisor.watch("serve_api", self._facade, self._serve)
@@ -80,12 +84,22 @@ class ServeApiHost:
         self._facade, self._task, self.address = None, None, None
 
 
-def _explain(error: Exception) -> str:
-    text = first_line(error)
-    if "has no attribute 'start'" in text or "no method" in text.lower():
+async def _not_ours(facade: Any, namespace: str) -> str:
+    """Why the actor under Serve's controller name is not this instance's facade, or ""."""
+    try:
+        owner = await facade.fleetplane_owner.remote()
+    except AttributeError:  # a real Serve controller has no such method
         return ("a real Ray Serve controller already runs on this cluster (it holds "
                 f"'{SERVE_CONTROLLER_NAME}'); stop it with `serve shutdown` and restart "
                 "fleetplane to answer Serve's tools")
+    if owner != namespace:
+        return (f"another fleetplane instance (namespace '{owner}') answers Serve's tools "
+                "on this cluster; one instance per cluster can")
+    return ""
+
+
+def _explain(error: Exception) -> str:
+    text = first_line(error)
     if "address already in use" in text.lower() or "errno 98" in text.lower():
         return (f"{text}; another process holds the Serve API's port: pass "
                 "`fleetplane run --serve-api-port PORT` (0 turns it off)")

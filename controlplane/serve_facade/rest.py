@@ -71,7 +71,15 @@ async def serve_rest(facade: Any, host: str, port: int) -> tuple[web.AppRunner, 
 
 def _handler(call: Any, facade: Any) -> Any:
     async def handle(request: web.Request) -> web.Response:
-        return await call(facade, request)
+        from ray.exceptions import RayError, RayTaskError
+
+        try:
+            return await call(facade, request)
+        except RayError as e:  # fleetplane's controller restarting: Ray's dashboard's 503
+            if isinstance(e, RayTaskError):
+                raise
+            return web.Response(status=503, text="fleetplane's controller is not answering "
+                                f"(Ray restarts it within seconds): retry. {type(e).__name__}")
     return handle
 
 

@@ -33,6 +33,17 @@ logger = logging.getLogger(__name__)
 _KINDS = (LongPollNamespace.DEPLOYMENT_TARGETS, LongPollNamespace.DEPLOYMENT_CONFIG)
 
 
+def by_value(actor_class: type) -> type:
+    """``actor_class``, shipped by value: a driver that gets its handle loads the class
+    without importing fleetplane (``serve_controller``'s docstring)."""
+    import sys
+
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[actor_class.__module__])
+    return actor_class
+
+
 class HandleTargets:
     def __init__(self, settings: dict) -> None:
         self._settings = settings
@@ -67,7 +78,7 @@ class HandleTargets:
 
     def _bridge_info(self, dep_id: DeploymentID) -> RunningReplicaInfo:
         name = bridge_name(dep_id.app_name, dep_id.name)
-        ray.remote(HandleBridge).options(
+        ray.remote(by_value(HandleBridge)).options(
             name=name, namespace=SERVE_NAMESPACE, lifetime="detached", get_if_exists=True,
             num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=10_000,
         ).remote(self._settings, dep_id.app_name, dep_id.name)

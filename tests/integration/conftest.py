@@ -29,12 +29,15 @@ def _free_port() -> int:
 # One proxy port for the whole session (http_options cannot change on a running instance).
 HTTP_PORT = _free_port()
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
+# Where the session fleet answers Serve's REST API (not 8265: a dashboard may hold it)
+SERVE_API_PORT = _free_port()
+SERVE_API = f"http://127.0.0.1:{SERVE_API_PORT}"
 
 
 @pytest.fixture(scope="session")
 def fleet() -> Client:
     start_local_ray(num_cpus=2)
-    client = Client()
+    client = Client(Settings(serve_api_port=SERVE_API_PORT))
     client.start_controller()
 
     def stop() -> None:
@@ -63,7 +66,8 @@ def own_fleet(name: str) -> Iterator[Client]:
     """A fleetplane instance of its own on the session's Ray; ``deploy`` gives it a proxy
     port of its own."""
     client = Client(Settings(namespace=name, controller_name=f"{name}_controller",
-                             checkpoint_key=f"{name}/controller/checkpoint"))
+                             checkpoint_key=f"{name}/controller/checkpoint",
+                             serve_api_port=-1))  # Serve's name is the session fleet's
     client.start_controller()
     try:
         yield client

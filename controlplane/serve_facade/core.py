@@ -1,5 +1,6 @@
-"""``SERVE_CONTROLLER_ACTOR`` in namespace ``serve``: the Serve controller as Serve's tools
-see it, answered from fleetplane's controller.
+"""What ``SERVE_CONTROLLER_ACTOR`` (``serve_controller.ServeFacade``, in namespace
+``serve``) answers: the Serve controller as Serve's tools see it, from fleetplane's
+controller.
 
 What each caller uses (Ray 2.60's code, read in ``ray/serve/_private/client.py``,
 ``ray/dashboard/modules/serve/serve_head.py`` and ``ray/serve/api.py``):
@@ -51,7 +52,7 @@ SERVE_RUN_REFUSED = (
     "driver reaches a deployed application with serve.get_app_handle(NAME).")
 
 
-class ServeFacade:
+class FacadeCore:
     def __init__(self, settings: dict) -> None:
         self._settings = Settings.from_dict(settings)
         self._controller = ray.get_actor(self._settings.controller_name,
@@ -84,9 +85,6 @@ class ServeFacade:
         if self._rest is not None:
             await self._rest.cleanup()
         self._stopped.set()
-
-    def check_alive(self) -> None:
-        return None
 
     # -- reading --------------------------------------------------------------------
 
@@ -171,25 +169,10 @@ class ServeFacade:
                              for n in app_names(config)}
         self._targets.follow(set(app_names(config)))
 
-    def deploy_applications(self, *_: Any, **__: Any) -> None:
+    def deploy_applications(self) -> None:
         raise RayServeException(SERVE_RUN_REFUSED.format(address=self._address or "ADDRESS"))
 
     # -- driver handles -------------------------------------------------------------
 
     async def listen_for_change(self, keys_to_snapshot_ids: dict) -> Any:
         return await self._targets.listen(keys_to_snapshot_ids, await self._deployments())
-
-    def record_autoscaling_metrics_from_handle(self, *_: Any, **__: Any) -> None:
-        """A handle's queue metrics: fleetplane's autoscaler reads its own routers'."""
-
-    def record_request_routing_info(self, *_: Any, **__: Any) -> None:
-        """Routing stats from a Serve replica: fleetplane's replicas report their own."""
-
-    def reconfigure_global_logging_config(self, *_: Any, **__: Any) -> None:
-        """Serve's logging config: fleetplane's replicas log by their deploy config."""
-
-    def notify_long_poll_client_disabled(self, *_: Any, **__: Any) -> None:
-        """A handle's long-poll stopped (its event loop ended): nothing to undo."""
-
-    def get_proxies(self) -> dict:
-        return {}
