@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     k8s = sub.add_parser("k8s", help="Kubernetes manifests").add_subparsers(
         dest="k8s_command", required=True)
     render = k8s.add_parser("render", help="print a KubeRay RayCluster (ray.io/v1), its "
-                            "config and a Service for CONFIG, with probes and drain hooks")
+                            "config and a Service for CONFIG, with probes and drain hooks "
+                            "(--rayservice: a RayService)")
     render.add_argument("config")
     render.add_argument("--name", default="fleetplane", help="the RayCluster's name")
     render.add_argument("--image", default=None, help="the Ray image with fleetplane "
@@ -74,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--workers", type=int, default=2, help="CPU worker pods (default 2)")
     render.add_argument("--gb10-workers", type=int, default=0,
                         help="GB10 worker pods: resources {GB10: 1} and one GPU (default 0)")
+    render.add_argument("--rayservice", action="store_true",
+                        help="a KubeRay RayService instead: serveConfigV2 holds the "
+                        "applications (Serve's fields only), KubeRay applies them through "
+                        "the Serve REST API fleetplane answers")
     _verbose_after(*sub.choices.values(), render)
     return p
 
@@ -325,8 +330,14 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     from controlplane.config.yaml_file import read_yaml_file
 
     cfg = read_yaml_file(args.config)  # the user's own file, not its normalized form
-    print(k8s.render_yaml(k8s.render(cfg, args.name, args.image or k8s.RAY_IMAGE,
-                                     args.workers, args.gb10_workers)), end="")
+    render = k8s.render_rayservice if args.rayservice else k8s.render
+    try:
+        manifests = render(cfg, args.name, args.image or k8s.RAY_IMAGE, args.workers,
+                           args.gb10_workers)
+    except ValueError as e:  # a field KubeRay's dashboard would refuse
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    print(k8s.render_yaml(manifests), end="")
     return EXIT_OK
 
 

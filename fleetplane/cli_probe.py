@@ -9,7 +9,10 @@ walking every pod. Run inside a node's pod:
   holds a route table and its node is not draining (a draining node's listener answers
   503 at once and keeps serving what it is sent). With ``--head``, readiness is liveness
   alone: the head must become ready before any application exists (the seed's circular
-  dependency); its HTTP health stays with the controller.
+  dependency); its HTTP health stays with the controller. ``--serve-api URL`` (a
+  RayService's head): also a Serve controller answers Serve's REST API at URL
+  (fleetplane's, ``controlplane.serve_facade``), with Ray's token from
+  ``RAY_AUTH_TOKEN``/``RAY_AUTH_TOKEN_PATH``/``~/.ray/auth_token`` when there is one.
 
 Exit 0 (ok) or 1 (not), one line of why; each check gives up after ``--timeout-s``
 (0.4 s by default, so both answer within a second). Needs no Ray import and no driver.
@@ -38,6 +41,8 @@ def add_probe_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                    help=f"Ray's dashboard agent port on this node (default {AGENT_PORT})")
     p.add_argument("--head", action="store_true",
                    help="this is the head node: readiness is liveness alone")
+    p.add_argument("--serve-api", metavar="URL", help="readiness: also require Serve's "
+                   "REST API at URL to answer with a controller (a RayService's head)")
     p.add_argument("--timeout-s", type=float, default=0.4, help="per check (default 0.4)")
     return p
 
@@ -55,14 +60,45 @@ def check_url(url: str, timeout_s: float) -> str:
         return f"{url} did not answer ({reason})"
 
 
+def check_serve_api(base: str, timeout_s: float) -> str:
+    """"" when a Serve controller answers ``GET base/api/serve/applications/``."""
+    import json
+    import os
+    from pathlib import Path
+
+    token = os.environ.get("RAY_AUTH_TOKEN", "")
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
+    if not token and path.is_file():
+        token = path.read_text().strip()
+    url = f"{base.rstrip('/')}/api/serve/applications/"
+    request = urllib.request.Request(
+        url, headers={"authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            details = json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return f"{url} answered {e.code}"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return f"{url} did not answer ({getattr(e, 'reason', e)})"
+    if not (details.get("controller_info") or {}).get("node_id"):
+        return f"{url}: no Serve controller answers yet (fleetplane is starting)"
+    return ""
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     raylet = check_url(f"http://{args.host}:{args.agent_port}/api/local_raylet_healthz",
                     args.timeout_s)
     if raylet:
         print(f"not {'alive' if args.kind == 'liveness' else 'ready'}: raylet: {raylet}")
         return EXIT_NOT
+    if args.kind == "readiness" and args.serve_api:
+        serve_api = check_serve_api(args.serve_api, args.timeout_s * 5)
+        if serve_api:
+            print(f"not ready: serve api: {serve_api}")
+            return EXIT_NOT
     if args.kind == "liveness" or args.head:
-        print(f"{'alive' if args.kind == 'liveness' else 'ready'}: the raylet is healthy")
+        print(f"{'alive' if args.kind == 'liveness' else 'ready'}: the raylet is healthy"
+              + (" and fleetplane answers Serve's API" if args.serve_api else ""))
         return EXIT_OK
     listener = check_url(f"http://{args.host}:{args.port}/-/healthz", args.timeout_s)
     if listener:

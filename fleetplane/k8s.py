@@ -1,9 +1,16 @@
-"""``fleetplane k8s render``: a KubeRay ``RayCluster`` (ray.io/v1) that runs a deploy config.
+"""``fleetplane k8s render``: a KubeRay ``RayCluster`` (ray.io/v1) that runs a deploy config,
+or with ``--rayservice`` a KubeRay ``RayService`` whose ``serveConfigV2`` is its applications.
 
 What it renders (one YAML stream): a ConfigMap holding the deploy config; the RayCluster
 with a head group (Ray's head, plus a ``fleetplane`` container that runs the config
 against it) and worker groups (CPU workers, and GB10 workers with ``resources: {"GB10":
-1}`` and a GPU limit); a Service over every pod's HTTP port.
+1}`` and a GPU limit); a Service over every pod's HTTP port. A RayService carries the same
+cluster (``rayClusterConfig``): its fleetplane container starts with the instance's
+options and no application, KubeRay PUTs ``serveConfigV2`` to the head's dashboard, and
+fleetplane answers that Serve API (``controlplane.serve_facade``). KubeRay calls the
+dashboard only once the head pod is ready; the head's readiness then also waits for
+fleetplane to answer Serve's API (``probe --serve-api``), so KubeRay's first PUT can never
+start a real Serve controller.
 
 Probes, seed 004: each node's serving health is decided by a probe on that node.
 Workers: liveness is the raylet (``fleetplane probe liveness``), readiness is the raylet
@@ -27,35 +34,97 @@ RAY_IMAGE = "rayproject/ray:2.60.0-py311"
 GRACE_S = 120  # terminationGracePeriodSeconds of every Ray pod
 DRAIN_DEADLINE_S = 100  # the deadline the preStop hook gives Ray, inside the grace period
 CONFIG_PATH = "/etc/fleetplane/deploy.yaml"
+DASHBOARD_PORT = 8265  # Ray's dashboard on the head: where KubeRay sends Serve's REST calls
 
 
 def render(config: dict, name: str, image: str, workers: int, gb10_workers: int) -> list[dict]:
-    port = int(config.get("http_options", {}).get("port", 8000))
-    head = _pod(image, port, head=True)
-    head["containers"].append(_driver(image))
-    head["volumes"] = [{"name": "deploy-config", "configMap": {"name": f"{name}-config"}}]
-    groups = [_group("cpu", workers, _pod(image, port), {})]
-    if gb10_workers:
-        groups.append(_group("gb10", gb10_workers, _pod(image, port, gpus=1), {"GB10": 1}))
-    cluster = {
-        "apiVersion": "ray.io/v1", "kind": "RayCluster",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name}},
-        "spec": {"rayVersion": "2.60.0",
-                 "headGroupSpec": {"rayStartParams": {"num-cpus": "0"},
-                                   "template": {"metadata": {"labels": _labels(name)},
-                                                "spec": head}},
-                 "workerGroupSpecs": [{**g, "template": {"metadata": {"labels": _labels(name)},
-                                                         "spec": g["template"]["spec"]}}
-                                      for g in groups]},
-    }
-    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
-                  "metadata": {"name": f"{name}-config"},
-                  "data": {"deploy.yaml": yaml.safe_dump(_serving_config(config),
-                                                         sort_keys=False)}}
+    """A ConfigMap with the deploy config, the RayCluster that runs it, a Service."""
+    port = _port(config)
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+               "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name}},
+               "spec": _cluster_spec(name, image, port, workers, gb10_workers)}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{name}-serve"},
                "spec": {"selector": _labels(name),
                         "ports": [{"name": "http", "port": port, "targetPort": port}]}}
-    return [config_map, cluster, service]
+    return [_config_map(name, _serving_config(config)), cluster, service]
+
+
+def render_rayservice(config: dict, name: str, image: str, workers: int,
+                      gb10_workers: int) -> list[dict]:
+    """A KubeRay RayService: ``serveConfigV2`` holds the applications (KubeRay PUTs them
+    to the head's dashboard, whose Serve API fleetplane answers); the ConfigMap holds the
+    instance's own options, with which the head's fleetplane container starts, empty.
+    KubeRay makes the Serve Service (``NAME-serve-svc``) from the pods whose listener
+    answers ``/-/healthz``. Raises ``ValueError`` naming the fields KubeRay's dashboard
+    would refuse (``ServeDeploySchema``): fleetplane's own fields need the RayCluster."""
+    port = _port(config)
+    serve_config = serve_config_v2(config)
+    instance = {**_serving_config(config), "applications": []}
+    service = {"apiVersion": "ray.io/v1", "kind": "RayService",
+               "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name}},
+               "spec": {"serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
+                        "rayClusterConfig": _cluster_spec(name, image, port, workers,
+                                                          gb10_workers, rayservice=True)}}
+    return [_config_map(name, instance), service]
+
+
+def serve_config_v2(config: dict) -> dict:
+    """The applications as a Serve config, checked with Serve's own schema (what Ray's
+    dashboard checks a RayService's PUT with)."""
+    from pydantic import ValidationError
+    from ray.serve.schema import ServeDeploySchema
+
+    serve_config = {"applications": config.get("applications", [])}
+    try:
+        kept = ServeDeploySchema.model_validate(serve_config).model_dump(exclude_unset=True)
+        fields = _dropped(serve_config, kept)  # Serve's schema ignores some unknown fields
+    except ValidationError as e:
+        fields = sorted({".".join(str(p) for p in err["loc"]) for err in e.errors()})
+    if fields:
+        raise ValueError(
+            "--rayservice: KubeRay sends serveConfigV2 to Ray's dashboard, which keeps "
+            "Serve's fields only; these are not Serve's: " + ", ".join(fields) +
+            ". Render without --rayservice (a RayCluster running the whole config) to "
+            "keep them")
+    return serve_config
+
+
+def _dropped(given: Any, kept: Any, path: str = "") -> list[str]:
+    """The keys of ``given`` that Serve's schema left out of ``kept``, as dotted paths."""
+    if isinstance(given, dict) and isinstance(kept, dict):
+        return [p for k, v in given.items() for p in
+                (_dropped(v, kept[k], f"{path}{k}.") if k in kept else [f"{path}{k}"])]
+    if isinstance(given, list) and isinstance(kept, list) and len(given) == len(kept):
+        return [p for i, (g, k) in enumerate(zip(given, kept))
+                for p in _dropped(g, k, f"{path}{i}.")]
+    return []
+
+
+def _port(config: dict) -> int:
+    return int(config.get("http_options", {}).get("port", 8000))
+
+
+def _config_map(name: str, config: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-config"},
+            "data": {"deploy.yaml": yaml.safe_dump(config, sort_keys=False)}}
+
+
+def _cluster_spec(name: str, image: str, port: int, workers: int, gb10_workers: int,
+                  rayservice: bool = False) -> dict:
+    head = _pod(image, port, head=True, rayservice=rayservice)
+    head["containers"].append(_driver(image))
+    head["volumes"] = [{"name": "deploy-config", "configMap": {"name": f"{name}-config"}}]
+    groups = [_group("cpu", workers, _pod(image, port, rayservice=rayservice), {})]
+    if gb10_workers:
+        groups.append(_group("gb10", gb10_workers,
+                             _pod(image, port, gpus=1, rayservice=rayservice), {"GB10": 1}))
+    return {"rayVersion": "2.60.0",
+            "headGroupSpec": {"rayStartParams": {"num-cpus": "0"},
+                              "template": {"metadata": {"labels": _labels(name)},
+                                           "spec": head}},
+            "workerGroupSpecs": [{**g, "template": {"metadata": {"labels": _labels(name)},
+                                                    "spec": g["template"]["spec"]}}
+                                 for g in groups]}
 
 
 def render_yaml(manifests: list[dict]) -> str:
@@ -76,11 +145,15 @@ def _exec(*command: str) -> dict:
     return {"exec": {"command": list(command)}}
 
 
-def _pod(image: str, port: int, head: bool = False, gpus: int = 0) -> dict:
+def _pod(image: str, port: int, head: bool = False, gpus: int = 0,
+         rayservice: bool = False) -> dict:
     readiness = ["fleetplane", "probe", "readiness", "--port", str(port)]
+    if head and rayservice:  # ready once fleetplane answers Serve's API (see cli_probe)
+        readiness += ["--serve-api", f"http://127.0.0.1:{DASHBOARD_PORT}"]
     container: dict[str, Any] = {
         "name": "ray-head" if head else "ray-worker", "image": image,
-        "ports": [{"name": "http", "containerPort": port}],
+        # KubeRay's Serve Service targets the port named "serve"
+        "ports": [{"name": "serve" if rayservice else "http", "containerPort": port}],
         "livenessProbe": {**_exec("fleetplane", "probe", "liveness"), "initialDelaySeconds": 30,
                           "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 120},
         "readinessProbe": {**_exec(*readiness, *(["--head"] if head else [])),

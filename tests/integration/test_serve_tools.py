@@ -198,6 +198,12 @@ def test_kuberays_rayservice_call_sequence(tools):
         time.sleep(0.5)
 
 
+def test_a_rayservice_heads_probe_sees_fleetplane_answer(tools):
+    from fleetplane.cli_probe import check_serve_api
+
+    assert check_serve_api(SERVE_API, 10.0) == ""  # the token from Ray's own places
+
+
 def test_serve_shutdown_stops_the_applications_and_fleetplane_stays(tools):
     done = serve_cli("shutdown", "-a", SERVE_API, "-y")
     assert done.returncode == 0, done.stderr

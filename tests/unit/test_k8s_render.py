@@ -97,3 +97,61 @@ def test_the_command_prints_yaml_and_an_invalid_config_prints_nothing(tmp_path, 
     assert main(["k8s", "render", str(bad)]) == 2
     out = capsys.readouterr()
     assert out.out == "" and "import_path" in out.err
+
+
+# KubeRay's ray.io/v1 RayServiceSpec fields (ray-operator/apis/ray/v1/rayservice_types.go):
+# the ones rendered are KubeRay 1.x's stable ones (upgradeStrategy etc. left to defaults).
+KUBERAY_RAYSERVICE = {"serveConfigV2", "rayClusterConfig", "serveService",
+                      "upgradeStrategy", "excludeHeadPodFromServeSvc"}
+
+
+def rayservice() -> list[dict]:
+    return k8s.render_rayservice(CONFIG, "fleet", k8s.RAY_IMAGE, 2, 1)
+
+
+def test_the_rayservice_carries_the_applications_as_serves_own_config():
+    from ray.serve.schema import ServeDeploySchema
+
+    config_map, service = rayservice()
+    assert service["apiVersion"] == "ray.io/v1" and service["kind"] == "RayService"
+    assert set(service["spec"]) <= KUBERAY_RAYSERVICE
+    serve_config = yaml.safe_load(service["spec"]["serveConfigV2"])  # a YAML string
+    ServeDeploySchema.model_validate(serve_config)  # what Ray's dashboard checks it with
+    assert serve_config["applications"] == CONFIG["applications"]
+    shipped = yaml.safe_load(config_map["data"]["deploy.yaml"])  # fleetplane starts empty
+    assert shipped["applications"] == [] and shipped["http_options"]["host"] == "0.0.0.0"
+
+
+def test_the_rayservice_cluster_is_the_rayclusters_with_a_serve_api_gate_on_the_head():
+    spec = rayservice()[1]["spec"]["rayClusterConfig"]
+    assert set(spec) <= KUBERAY_SPEC and set(spec["headGroupSpec"]) <= KUBERAY_HEAD
+    templates = [spec["headGroupSpec"]["template"]] + [g["template"]
+                                                       for g in spec["workerGroupSpecs"]]
+    for template in templates:
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata":
+                                      template["metadata"], "spec": template["spec"]},
+                                     K8S_VERSION, strict=True)
+        assert template["spec"]["containers"][0]["ports"][0]["name"] == "serve"  # KubeRay's
+    head = spec["headGroupSpec"]["template"]["spec"]["containers"]
+    probe = head[0]["readinessProbe"]["exec"]["command"]
+    assert probe[probe.index("--serve-api") + 1] == "http://127.0.0.1:8265" and "--head" in probe
+    worker = spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert "--serve-api" not in worker["readinessProbe"]["exec"]["command"]
+    assert "ray drain-node" in worker["lifecycle"]["preStop"]["exec"]["command"][-1]
+
+
+def test_rayservice_refuses_fleetplanes_own_fields_naming_them(tmp_path, capsys):
+    own = {**CONFIG, "applications": [{**CONFIG["applications"][0], "deployments": [
+        {"name": "Greeter", "replica_start_timeout_s": 900}]}]}
+    with pytest.raises(ValueError, match="replica_start_timeout_s"):
+        k8s.render_rayservice(own, "fleet", k8s.RAY_IMAGE, 1, 0)
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(own))
+    assert main(["k8s", "render", str(path), "--rayservice"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "without --rayservice" in out.err
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(CONFIG))
+    assert main(["k8s", "render", str(good), "--rayservice"]) == 0
+    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == \
+        ["ConfigMap", "RayService"]
