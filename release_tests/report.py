@@ -85,6 +85,11 @@ SECTIONS = [
      "on the same day trace, data plane and simulated GB10 engines."),
     ("serve_compat_diff", "The same Serve applications under Serve and fleetplane",
      "Each request sent to both, on one local Ray; differences by design are named."),
+    ("serve_tools", "Ray Serve's own tools against fleetplane",
+     "Ray's `serve` CLI, KubeRay's RayService call sequence and a driver without fleetplane "
+     "installed, through fleetplane's own Serve API listener (embedded Ray) and through Ray's "
+     "dashboard (`ray start --head`); a driver's handle calls through the bridge and direct, "
+     "sequential, on the demo's `api.add`."),
     ("scale_compare", "Two commits side by side",
      "The control plane's costs at two commits, alternating runs in one go."),
 ]

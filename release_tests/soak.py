@@ -85,15 +85,16 @@ SMOKE = Load(duration_s=8.0, steady_users=2, burst_users=4, burst_every_s=4.0, b
 
 
 @contextmanager
-def serving(config: Path, log_path: Path,
-            env: dict[str, str] | None = None) -> Iterator[dict[str, float]]:
-    """``fleetplane run config`` (with ``env`` added to this environment) for the block;
-    yields timings (``ready_s``, later ``stop_s``). Its own session, so a Ctrl-C reaches it
-    once, from us."""
+def serving(config: Path, log_path: Path, env: dict[str, str] | None = None,
+            args: tuple[str, ...] = ()) -> Iterator[dict[str, float]]:
+    """``fleetplane run config [args]`` (with ``env`` added to this environment) for the
+    block; yields timings (``ready_s``, later ``stop_s``). Its own session, so a Ctrl-C
+    reaches it once, from us."""
     timings: dict[str, float] = {}
     started = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "fleetplane.cli", "run", str(config)],
+        proc = subprocess.Popen([sys.executable, "-m", "fleetplane.cli", "run", str(config),
+                                 *args],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, **(env or {})})
         try:

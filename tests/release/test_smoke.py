@@ -33,8 +33,8 @@ LANES = [
     # a 3-node cluster on 127.0.0.2-4; the kills (8011); the abuse (a free port); no Ray
     ["node_churn", "chaos", "http_abuse", "scale", "scale_compare", "retry_after_eval",
      "llm_day", "llm_autoscale"],
-    # haproxy drains (8012), the soak (8031), the demo (8000), simulated replicas, the report
-    ["drain_events", "soak", "startup", "health_push", "report"],
+    # haproxy drains (8012), the soak (8031), the demo (8000, twice), simulated replicas, the report
+    ["drain_events", "soak", "startup", "serve_tools", "health_push", "report"],
 ]
 
 
