@@ -13,8 +13,10 @@ deployments/demo_serve.yaml`` (applied: the next generation, RUNNING), a ``serve
 whose code does not import (refused, nothing changed), driver handle calls from a driver
 without fleetplane (through a bridge) and with ``import fleetplane`` (direct): their
 latency, KubeRay's RayService call sequence, ``serve shutdown`` (the applications stop,
-fleetplane stays), and no real Serve controller on the cluster. Prints a table, writes
-``measured/serve_tools.json``; exit 1 if a step failed. ``--smoke``: the own door, 20 calls.
+fleetplane stays), and no real Serve controller on the cluster. Then the reference: the same
+driver loop on Ray Serve 2.60 itself (the demo's api app, its own local Ray). Prints a
+table, writes ``measured/serve_tools.json``; exit 1 if a step failed. ``--smoke``: the own
+door, 20 calls, no Ray Serve.
 """
 
 from __future__ import annotations
@@ -135,11 +137,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--doors", default="own,dashboard", help="own, dashboard or both")
     p.add_argument("--calls", type=int, default=300, help="driver handle calls per path")
-    p.add_argument("--smoke", action="store_true", help="the own door, 20 calls")
-    args = parse_args(p, {"doors": "own", "calls": 20}, argv)
+    p.add_argument("--no-serve-reference", dest="serve_reference", action="store_false",
+                   help="skip the reference: the same driver loop on Ray Serve itself")
+    p.add_argument("--smoke", action="store_true", help="the own door, 20 calls, no Serve")
+    args = parse_args(p, {"doors": "own", "calls": 20, "serve_reference": False}, argv)
     folder = folders(args.smoke)[1] / "serve_tools"
     folder.mkdir(parents=True, exist_ok=True)
     rows = [row for door in args.doors.split(",") for row in run_door(door, args.calls, folder)]
+    if args.serve_reference:
+        started = time.monotonic()
+        out = steps.driver_latency("", "serve", args.calls, folder)
+        seen = (f"{out['calls']} calls: p50 {out['p50_ms']} ms, p99 {out['p99_ms']} ms"
+                if out["ok"] else out["error"])
+        rows.append({"door": "Ray Serve", "step": "driver handle, Serve itself",
+                     "ok": out["ok"], "seen": seen,
+                     "wall_s": round(time.monotonic() - started, 2)})
+        print(f"  Ray Serve {'ok ' if out['ok'] else 'FAILED'} driver handle, Serve itself"
+              f"       {seen}", flush=True)
     failed = [f"{r['door']}: {r['step']}" for r in rows if not r["ok"]]
     print(f"\n{len(rows) - len(failed)}/{len(rows)} steps ok; {describe_line()}")
     summary = {"doors": args.doors.split(","), "calls": args.calls, "steps": rows,

@@ -142,11 +142,32 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+SERVE_ITSELF = textwrap.dedent("""
+    import json, sys, time
+    import ray
+    from ray import serve
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from deployments.demo_app import api_app
+    serve.start(http_options={"host": "127.0.0.1", "port": 0})
+    serve.run(api_app, name="api", route_prefix="/api")
+    api = serve.get_app_handle("api")
+    ms = []
+    for i in range(int(sys.argv[3]) + 20):  # the first 20 warm up
+        t = time.perf_counter()
+        assert api.add.remote(i, 1).result() == i + 1
+        ms.append((time.perf_counter() - t) * 1000)
+    print("RESULT " + json.dumps(ms[20:]))
+    serve.shutdown()
+""")
+
+
 def driver_latency(address: str, path: str, calls: int, tmp: Path) -> dict:
     """Sequential handle calls from a driver (the demo's ``api.add``, the README's example):
-    through the bridge (no fleetplane in the driver) or direct (``import fleetplane``)."""
+    through the bridge (no fleetplane in the driver) or direct (``import fleetplane``); or
+    ``serve``: Ray Serve 2.60 itself serving the same app on a local Ray of its own, the
+    same loop (the reference)."""
     script = tmp / "driver.py"
-    script.write_text(DRIVER)
+    script.write_text(SERVE_ITSELF if path == "serve" else DRIVER)
     done = subprocess.run([sys.executable, str(script), address, path, str(calls)],
                           capture_output=True, text=True, timeout=300, env=env(), cwd=tmp)
     lines = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
