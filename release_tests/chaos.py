@@ -6,8 +6,9 @@
 killed), its own embedded Ray (and its own instance record, so another ``fleetplane run``
 on the machine is neither joined nor disturbed), sends a steady open-loop load of GET
 requests to it, and every few seconds SIGKILLs one actor at random of ``--kinds``: the
-controller, a shard, the proxy, a replica, or a node's metric reporter. Per kind of kill
-it reports the requests that failed in the window after the kill, the replicas restarted
+controller, a shard, the proxy, a replica, a node's metric reporter, or the facade Serve's
+tools call (``SERVE_CONTROLLER_ACTOR``). Per kind of kill it reports the requests that
+failed in the window after the kill, the replicas restarted
 beyond the killed one (compared by actor id), and the time until ``status`` answered
 again with every replica RUNNING. Goal (issue 9): 0 failed requests for control actors; for a
 replica, only the requests it held.
@@ -41,7 +42,7 @@ from release_tests.results import parse_args, record
 
 CONFIG = Path(__file__).with_name("chaos.yaml")
 URL = "http://127.0.0.1:8011/chaos"
-KINDS = ("controller", "shard", "proxy", "replica", "reporter")
+KINDS = ("controller", "shard", "proxy", "replica", "reporter", "serve_api")
 SMOKE = {"duration_s": 1.0, "every_s": 2.0, "kinds": "replica"}
 
 
@@ -121,7 +122,8 @@ def _replicas(actors: dict[str, dict]) -> dict[str, str]:
 def _victim(kind: str, actors: dict[str, dict], rng: random.Random) -> str | None:
     prefix = {"controller": "fleetplane_controller", "shard": "fleetplane_shard_",
               "proxy": "fleetplane_proxy::", "replica": "fleetplane_replica::",
-              "reporter": "fleetplane_reporter_"}[kind]
+              "reporter": "fleetplane_reporter_",
+              "serve_api": "SERVE_CONTROLLER_ACTOR"}[kind]  # Serve's tools' facade
     names = sorted(n for n in actors if n.startswith(prefix))
     return rng.choice(names) if names else None
 
