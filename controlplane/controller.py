@@ -106,7 +106,6 @@ class Controller:
         self._serve_api.ensure()  # Serve's tools find fleetplane (serve_facade)
         async with self._lock:
             if not self._recovered:
-                self._recovered = True
                 saved = internal_kv._internal_kv_get(self._settings.checkpoint_key)
                 if saved:
                     logger.info("controller: resuming from checkpoint")
@@ -114,6 +113,9 @@ class Controller:
                     # validated when it was deployed; parsed again into its typed form
                     http = HTTPOptions.model_validate(config["http_options"])
                     await self._commit(config, http, specs)
+                # only now: a status asked meanwhile waits here for the resumed state,
+                # never answering "no applications" from a controller still resuming
+                self._recovered = True
         return {"generation": self._generation, "num_shards": len(self._shards)}
 
     async def deploy(self, config: dict) -> dict:

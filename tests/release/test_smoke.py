@@ -30,9 +30,9 @@ LANES = [
     # Ray Serve, one at a time (8001-8003, 8101-8102), and fleetplane (8002, 8040, 8020, 8102)
     # and LLM routing on simulated engines (8050)
     ["http_bench", "serve_compat_diff", "retry_after_http", "overload_idle", "llm_routing"],
-    # a 3-node cluster on 127.0.0.2-4; the kills (8011); the abuse (a free port); no Ray
-    ["node_churn", "chaos", "http_abuse", "scale", "scale_compare", "retry_after_eval",
-     "llm_day", "llm_autoscale"],
+    # 3-node clusters on 127.0.0.2-4 (one with Redis); the kills (8011); the abuse; no Ray
+    ["node_churn", "head_loss", "chaos", "http_abuse", "scale", "scale_compare",
+     "retry_after_eval", "llm_day", "llm_autoscale"],
     # haproxy drains (8012), the soak (8031), the demo (8000, twice), simulated replicas, the report
     ["drain_events", "soak", "startup", "serve_tools", "health_push", "report"],
 ]
