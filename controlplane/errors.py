@@ -137,8 +137,10 @@ class BackpressureError(Exception):
 class ReplicaUnavailableError(Exception):
     """The replica's actor was gone (died, or unreachable) while it held the request.
 
-    Not retried by the router: the request may have partly run, and a second run of a
-    non-idempotent request is worse than a clear error. 502 because the gateway got no
+    Not retried for a method that may have effects: the request may have partly run, and a
+    second run of a non-idempotent request is worse than a clear error. A proxy asks a
+    GET, HEAD or OPTIONS again of another replica, once (``RouterSet.serve_http``), as
+    HAProxy does in haproxy mode. 502 because the gateway got no
     valid response from the server it forwarded to (RFC 9110 section 15.6.3); 503 stays
     reserved for backpressure, which is safe to retry.
     """

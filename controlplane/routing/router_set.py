@@ -20,6 +20,10 @@ from controlplane.routing.transport import RayTransport, ReplicaTransport, relay
 from controlplane.settings import RouterSettings
 from controlplane.wire import HTTPRequestData, RequestMeta, RouterDemand, RoutingUpdate
 
+# Safe methods (RFC 9110 section 9.2.1): asked again of another replica when theirs died
+# before answering; a POST may have had effects and is not
+_REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
+
 
 class RouterSet:
     def __init__(self, namespace: str, clock: Clock, rng: random.Random | None = None,
@@ -114,5 +118,17 @@ class RouterSet:
                           [(b"retry-after", b"1")])
             return 503
         affinity = router.policy.of_http(data.headers, data.body)  # None for p2c: no parse
-        async with router.slot(header_value(data.headers, MODEL_ID_HEADER), affinity) as replica:
-            return await self.transport.send_http(replica, data, send)
+        model_id = header_value(data.headers, MODEL_ID_HEADER)
+        replays = 1 if data.method in _REPLAYABLE else 0
+        while True:
+            try:
+                async with router.slot(model_id, affinity) as replica:
+                    return await self.transport.send_http(replica, data, send)
+            except ReplicaUnavailableError:
+                # its replica died before a byte of the answer went out (a node lost: the
+                # head's replicas die with it): a safe method is asked again, once, of
+                # another replica (the slot marked the dead one unreachable), as HAProxy
+                # replays it in haproxy mode; any other gets the 502
+                if not replays:
+                    raise
+                replays -= 1

@@ -40,7 +40,7 @@ class Answer:
 
 
 async def ask(app: Any, path: str, body: bytes = b"",
-              leaves: asyncio.Event | None = None) -> Answer | None:
+              leaves: asyncio.Event | None = None, method: str = "POST") -> Answer | None:
     """The answer; None when nothing was sent (the client left: ``leaves`` was set)."""
     sent: list[dict] = []
     messages = [{"type": "http.request", "body": body, "more_body": False}]
@@ -53,7 +53,7 @@ async def ask(app: Any, path: str, body: bytes = b"",
 
     async def send(message: dict) -> None:
         sent.append(message)
-    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
+    scope = {"type": "http", "method": method, "path": path, "query_string": b"",
              "headers": [(b"content-length", b"%d" % len(body))], "client": ("10.0.0.1", 1)}
     await app(scope, receive, send)
     if not sent:
@@ -244,6 +244,47 @@ def test_the_proxy_answers_an_unavailable_replica_with_its_status():
         return await ask(proxy_door().app, "/a/gone")
     answer = run(scenario)
     assert answer.status == 502 and b"became unavailable" in answer.body
+
+
+class DyingTransport(HTTPTransport):
+    """Replicas in ``dead`` die holding whatever they are sent."""
+
+    def __init__(self, dead: set[str]) -> None:
+        super().__init__()
+        self.dead, self.asked = dead, []
+
+    async def send_http(self, replica: ReplicaInfo, data: HTTPRequestData, send: Any) -> int:
+        self.asked.append(replica.replica_id)
+        if replica.replica_id in self.dead:
+            raise ReplicaUnavailableError(replica.replica_id, "actor died", DEP)
+        return await super().send_http(replica, data, send)
+
+
+def _dying_door(dead: set[str]) -> tuple[Any, DyingTransport]:
+    transport = DyingTransport(dead)
+    routers = RouterSet("ns", FakeClock(), NoJitter(), transport=transport)
+    routers.update(DEP, RoutingUpdate(
+        replicas=tuple(ReplicaInfo(r, f"actor-{r}", "node") for r in ("r-0", "r-1")),
+        max_ongoing_requests=4, max_queued_requests=0, status_code=429,
+        retry_after_s=STATIC_S))
+    app = ProxyApp(routers, ProxyMetrics(), HTTPLimits())
+    app.set_routes(RoutesUpdate(num_shards=1, generation=1, routes={"/a": DEP}))
+    return app, transport
+
+
+def test_a_get_whose_replica_died_is_asked_again_of_another_once_and_a_post_is_not():
+    async def scenario() -> tuple[list, list, list, list, list]:
+        app, one_dead = _dying_door({"r-0"})
+        gets = [(await ask(app, "/a/x", method="GET")).status for _ in range(5)]
+        app, both = _dying_door({"r-0", "r-1"})
+        get = (await ask(app, "/a/x", method="GET")).status
+        app, both_again = _dying_door({"r-0", "r-1"})
+        post = (await ask(app, "/a/y", method="POST")).status
+        return gets, [get], both.asked, [post], both_again.asked
+    gets, get, asked_get, post, asked_post = run(scenario)
+    assert gets == [200] * 5  # a pick of the dead replica was replayed on the live one
+    assert get == [502] and len(asked_get) == 2  # one replay, not more
+    assert post == [502] and len(asked_post) == 1  # a POST may have had effects: never
 
 
 def test_a_direct_ingress_replica_leaving_fails_its_health_check_and_still_serves():
