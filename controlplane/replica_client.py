@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import math
+import time
 from typing import Any, Protocol
 
 import ray
@@ -106,19 +108,58 @@ START_PHASES = {"PENDING_CREATION": "waiting for Ray to place it",
                 "ALIVE": "constructor and first health check running"}
 
 
+class HeadNode:
+    """The head node's id (Ray gives the head the resource ``node:__internal_head__``),
+    read from the GCS at most once per ``ttl_s``: a head that comes back has a new id."""
+
+    def __init__(self, ttl_s: float = 10.0) -> None:
+        self._ttl_s, self._read_at, self._id = ttl_s, -math.inf, None
+
+    def __call__(self) -> str | None:
+        now = time.monotonic()
+        if now - self._read_at >= self._ttl_s:
+            self._read_at = now
+            try:
+                self._id = next((n["NodeID"] for n in ray.nodes() if n["Alive"]
+                                 and "node:__internal_head__" in n["Resources"]), None)
+            except Exception:  # the GCS unreachable: keep the last reading
+                pass
+        return self._id
+
+
+# Where a replica goes unless the user placed it: the placement options of Ray's it uses
+_PLACEMENT = ("scheduling_strategy", "label_selector", "fallback_strategy")
+
+
+def placement(options: dict, head_node_id: str | None) -> dict:
+    """One deployment's replicas on as many nodes as can take them (SPREAD, as Serve does:
+    a node that dies or drains takes few of them with it), and off the head node while
+    another node can take them (the fallback: the head, when it alone can): the head's
+    loss takes its GCS down for a while, and what runs there with it; a replica there
+    would die with it and no replacement could start before the GCS is back. The user's
+    own placement (any of ``_PLACEMENT``) is kept as given."""
+    given = {k: v for k, v in options.items() if not (k in _PLACEMENT and v is None)}
+    if any(k in given for k in _PLACEMENT):
+        return given
+    away = {}
+    if head_node_id:
+        away = {"label_selector": {"ray.io/node-id": f"!{head_node_id}"},
+                "fallback_strategy": [{"label_selector": {}}]}
+    return {**given, "scheduling_strategy": "SPREAD", **away}
+
+
 class RayReplicaClient:
     def __init__(self, namespace: str, actor_class: str = REPLICA_ACTOR_CLASS) -> None:
         self._namespace = namespace
         self._actor_cls = ray.remote(load_plugin(actor_class))
+        self._head = HeadNode()
 
     def create(self, init: ReplicaInit, spec: DeploymentSpec) -> Any:
         options = dict(spec.ray_actor_options)
         runtime_env = {**dict(spec.runtime_env), **dict(options.pop("runtime_env", {}) or {})}
         if runtime_env:
             options["runtime_env"] = runtime_env
-        # One deployment's replicas on as many nodes as can take them (Serve does the same):
-        # a node that dies or drains takes few of them with it.
-        options.setdefault("scheduling_strategy", "SPREAD")
+        options = placement(options, self._head())
         return self._actor_cls.options(
             name=replica_actor_name(init.replica_id), namespace=self._namespace,
             lifetime="detached", max_restarts=0, max_concurrency=10_000,

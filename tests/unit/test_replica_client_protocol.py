@@ -53,6 +53,7 @@ def _create_with(ray_actor_options: dict) -> dict:
 
     client = RayReplicaClient.__new__(RayReplicaClient)
     client._namespace, client._actor_cls = "ns", _RecordingActorClass()
+    client._head = lambda: "HEAD"
     init = ReplicaInit("app#model#r1", "app", "model", b"", None, 0, 5, "shard_0", "ns", 1.0)
     client.create(init, make_spec(ray_actor_options=ray_actor_options))
     return client._actor_cls.options_seen[0]
@@ -64,3 +65,19 @@ def test_replicas_are_spread_across_nodes_unless_the_user_places_them() -> None:
     assert _create_with({"num_cpus": 0})["scheduling_strategy"] == "SPREAD"
     assert _create_with({"num_cpus": 0, "scheduling_strategy": "DEFAULT"})[
         "scheduling_strategy"] == "DEFAULT"
+
+
+def test_replicas_keep_off_the_head_while_another_node_can_take_them() -> None:
+    options = _create_with({"num_cpus": 0, "label_selector": None, "fallback_strategy": None})
+    assert options["label_selector"] == {"ray.io/node-id": "!HEAD"}
+    assert options["fallback_strategy"] == [{"label_selector": {}}]  # the head, if it alone can
+    assert options["scheduling_strategy"] == "SPREAD"
+    placed = _create_with({"num_cpus": 0, "label_selector": {"zone": "a"}})
+    assert placed["label_selector"] == {"zone": "a"} and "fallback_strategy" not in placed
+    assert "scheduling_strategy" not in placed  # the user's placement, as given
+
+
+def test_without_a_known_head_replicas_are_only_spread() -> None:
+    from controlplane.replica_client import placement
+
+    assert placement({"num_cpus": 1}, None) == {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
