@@ -75,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--workers", type=int, default=2, help="CPU worker pods (default 2)")
     render.add_argument("--gb10-workers", type=int, default=0,
                         help="GB10 worker pods: resources {GB10: 1} and one GPU (default 0)")
+    render.add_argument("--redis-address", metavar="HOST:PORT",
+                        help="GCS fault tolerance: the Redis the head's GCS keeps its state "
+                        "in, so the head's loss is survived (KubeRay gcsFaultToleranceOptions)")
+    render.add_argument("--redis-password-secret", metavar="SECRET/KEY",
+                        help="with --redis-address: the Kubernetes Secret and key holding "
+                        "Redis's password (never inline)")
     render.add_argument("--rayservice", action="store_true",
                         help="a KubeRay RayService instead: serveConfigV2 holds the "
                         "applications (Serve's fields only), KubeRay applies them through "
@@ -332,8 +338,12 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     cfg = read_yaml_file(args.config)  # the user's own file, not its normalized form
     render = k8s.render_rayservice if args.rayservice else k8s.render
     try:
+        if args.redis_password_secret and not args.redis_address:
+            raise ValueError("--redis-password-secret needs --redis-address")
+        gcs_ft = k8s.gcs_fault_tolerance(args.redis_address, args.redis_password_secret,
+                                         args.name) if args.redis_address else None
         manifests = render(cfg, args.name, args.image or k8s.RAY_IMAGE, args.workers,
-                           args.gb10_workers)
+                           args.gb10_workers, gcs_ft)
     except ValueError as e:  # a field KubeRay's dashboard would refuse
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG

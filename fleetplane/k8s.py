@@ -37,12 +37,14 @@ CONFIG_PATH = "/etc/fleetplane/deploy.yaml"
 DASHBOARD_PORT = 8265  # Ray's dashboard on the head: where KubeRay sends Serve's REST calls
 
 
-def render(config: dict, name: str, image: str, workers: int, gb10_workers: int) -> list[dict]:
+def render(config: dict, name: str, image: str, workers: int, gb10_workers: int,
+           gcs_ft: dict | None = None) -> list[dict]:
     """A ConfigMap with the deploy config, the RayCluster that runs it, a Service."""
     port = _port(config)
     cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
                "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name}},
-               "spec": _cluster_spec(name, image, port, workers, gb10_workers)}
+               "spec": _cluster_spec(name, image, port, workers, gb10_workers,
+                                     gcs_ft=gcs_ft)}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{name}-serve"},
                "spec": {"selector": _labels(name),
                         "ports": [{"name": "http", "port": port, "targetPort": port}]}}
@@ -50,7 +52,7 @@ def render(config: dict, name: str, image: str, workers: int, gb10_workers: int)
 
 
 def render_rayservice(config: dict, name: str, image: str, workers: int,
-                      gb10_workers: int) -> list[dict]:
+                      gb10_workers: int, gcs_ft: dict | None = None) -> list[dict]:
     """A KubeRay RayService: ``serveConfigV2`` holds the applications (KubeRay PUTs them
     to the head's dashboard, whose Serve API fleetplane answers); the ConfigMap holds the
     instance's own options, with which the head's fleetplane container starts, empty.
@@ -64,7 +66,8 @@ def render_rayservice(config: dict, name: str, image: str, workers: int,
                "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name}},
                "spec": {"serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
                         "rayClusterConfig": _cluster_spec(name, image, port, workers,
-                                                          gb10_workers, rayservice=True)}}
+                                                          gb10_workers, rayservice=True,
+                                                          gcs_ft=gcs_ft)}}
     return [_config_map(name, instance), service]
 
 
@@ -109,8 +112,26 @@ def _config_map(name: str, config: dict) -> dict:
             "data": {"deploy.yaml": yaml.safe_dump(config, sort_keys=False)}}
 
 
+def gcs_fault_tolerance(redis_address: str, password_secret: str | None,
+                        namespace: str) -> dict:
+    """KubeRay's ``gcsFaultToleranceOptions``: the GCS keeps its tables in the Redis at
+    ``redis_address``, under ``namespace``; the password, if any, from a Secret
+    (``NAME/KEY``), never inline."""
+    options: dict[str, Any] = {"redisAddress": redis_address,
+                               "externalStorageNamespace": namespace}
+    if password_secret:
+        secret, _, key = password_secret.partition("/")
+        if not secret or not key:
+            raise ValueError(f"--redis-password-secret {password_secret!r}: expected "
+                             "SECRET/KEY, the Kubernetes Secret and its key holding the "
+                             "password")
+        options["redisPassword"] = {"valueFrom": {"secretKeyRef": {"name": secret,
+                                                                    "key": key}}}
+    return options
+
+
 def _cluster_spec(name: str, image: str, port: int, workers: int, gb10_workers: int,
-                  rayservice: bool = False) -> dict:
+                  rayservice: bool = False, gcs_ft: dict | None = None) -> dict:
     head = _pod(image, port, head=True, rayservice=rayservice)
     head["containers"].append(_driver(image))
     head["volumes"] = [{"name": "deploy-config", "configMap": {"name": f"{name}-config"}}]
@@ -119,6 +140,7 @@ def _cluster_spec(name: str, image: str, port: int, workers: int, gb10_workers: 
         groups.append(_group("gb10", gb10_workers,
                              _pod(image, port, gpus=1, rayservice=rayservice), {"GB10": 1}))
     return {"rayVersion": "2.60.0",
+            **({"gcsFaultToleranceOptions": gcs_ft} if gcs_ft else {}),
             "headGroupSpec": {"rayStartParams": {"num-cpus": "0"},
                               "template": {"metadata": {"labels": _labels(name)},
                                            "spec": head}},

@@ -19,7 +19,9 @@ CONFIG = {"http_options": {"port": 8000, "host": "127.0.0.1"},
 
 # KubeRay's ray.io/v1 RayCluster fields used here (https://ray-project.github.io/kuberay/
 # reference/api/): RayClusterSpec, HeadGroupSpec, WorkerGroupSpec.
-KUBERAY_SPEC = {"rayVersion", "headGroupSpec", "workerGroupSpecs"}
+KUBERAY_SPEC = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "gcsFaultToleranceOptions"}
+# KubeRay's GcsFaultToleranceOptions (raycluster_types.go)
+KUBERAY_GCS_FT = {"redisAddress", "redisPassword", "redisUsername", "externalStorageNamespace"}
 KUBERAY_HEAD = {"rayStartParams", "template"}
 KUBERAY_WORKER = {"groupName", "replicas", "minReplicas", "maxReplicas", "rayStartParams",
                   "template"}
@@ -155,3 +157,23 @@ def test_rayservice_refuses_fleetplanes_own_fields_naming_them(tmp_path, capsys)
     assert main(["k8s", "render", str(good), "--rayservice"]) == 0
     assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == \
         ["ConfigMap", "RayService"]
+
+
+def test_gcs_fault_tolerance_names_the_redis_and_takes_its_password_from_a_secret(tmp_path,
+                                                                                  capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    assert main(["k8s", "render", str(path), "--redis-address", "redis:6379",
+                 "--redis-password-secret", "redis-auth/password"]) == 0
+    cluster = list(yaml.safe_load_all(capsys.readouterr().out))[1]
+    ft = cluster["spec"]["gcsFaultToleranceOptions"]
+    assert set(ft) <= KUBERAY_GCS_FT and ft["redisAddress"] == "redis:6379"
+    assert ft["redisPassword"] == {"valueFrom": {"secretKeyRef": {"name": "redis-auth",
+                                                                  "key": "password"}}}
+    assert ft["externalStorageNamespace"] == "fleetplane"
+    assert main(["k8s", "render", str(path), "--redis-password-secret", "x/y"]) == 2
+    assert "needs --redis-address" in capsys.readouterr().err
+    assert main(["k8s", "render", str(path), "--redis-address", "r:1",
+                 "--redis-password-secret", "nokey"]) == 2
+    assert "SECRET/KEY" in capsys.readouterr().err
+    assert "gcsFaultToleranceOptions" not in manifests()[1]["spec"]  # off unless asked
