@@ -119,6 +119,17 @@ def kuberay_sequence(door: str, http: str) -> tuple[bool, str]:
             f"GET {code}, PUT {put}, RUNNING after {time.monotonic() - started:.1f}s")
 
 
+# The timed loop both drivers run: sequential calls of the demo's api.add
+_LOOP = textwrap.dedent("""
+    api = serve.get_app_handle("api")
+    ms = []
+    for i in range(int(sys.argv[3]) + 20):  # the first 20 warm up
+        t = time.perf_counter()
+        assert api.add.remote(i, 1).result() == i + 1
+        ms.append((time.perf_counter() - t) * 1000)
+    print("RESULT " + json.dumps(ms[20:]))
+""")
+
 DRIVER = textwrap.dedent("""
     import json, sys, time
     if sys.argv[2] == "bridge":  # an environment with Ray Serve and without fleetplane
@@ -132,14 +143,7 @@ DRIVER = textwrap.dedent("""
     import ray
     from ray import serve
     ray.init(address=sys.argv[1], log_to_driver=False)
-    api = serve.get_app_handle("api")
-    ms = []
-    for i in range(int(sys.argv[3]) + 20):  # the first 20 warm up
-        t = time.perf_counter()
-        assert api.add.remote(i, 1).result() == i + 1
-        ms.append((time.perf_counter() - t) * 1000)
-    print("RESULT " + json.dumps(ms[20:]))
-""")
+""") + _LOOP
 
 
 SERVE_ITSELF = textwrap.dedent("""
@@ -150,15 +154,7 @@ SERVE_ITSELF = textwrap.dedent("""
     from deployments.demo_app import api_app
     serve.start(http_options={"host": "127.0.0.1", "port": 0})
     serve.run(api_app, name="api", route_prefix="/api")
-    api = serve.get_app_handle("api")
-    ms = []
-    for i in range(int(sys.argv[3]) + 20):  # the first 20 warm up
-        t = time.perf_counter()
-        assert api.add.remote(i, 1).result() == i + 1
-        ms.append((time.perf_counter() - t) * 1000)
-    print("RESULT " + json.dumps(ms[20:]))
-    serve.shutdown()
-""")
+""") + _LOOP + "serve.shutdown()\n"
 
 
 def driver_latency(address: str, path: str, calls: int, tmp: Path) -> dict:
