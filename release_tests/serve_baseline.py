@@ -50,7 +50,9 @@ def main() -> None:
                         help="logging_config={'enable_access_log': False}")
     args = parser.parse_args()
     app = application(args)
-    ray.init(include_dashboard=False, log_to_driver=False)
+    # address="local": a Ray of its own, never a cluster another run started on this
+    # machine (Ray's "auto" joins the last one: there, fleetplane may answer Serve's name)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(app, route_prefix="/noop")
     print("READY", flush=True)

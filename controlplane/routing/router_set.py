@@ -119,16 +119,18 @@ class RouterSet:
             return 503
         affinity = router.policy.of_http(data.headers, data.body)  # None for p2c: no parse
         model_id = header_value(data.headers, MODEL_ID_HEADER)
-        replays = 1 if data.method in _REPLAYABLE else 0
-        while True:
+        try:
+            async with router.slot(model_id, affinity) as replica:
+                return await self.transport.send_http(replica, data, send)
+        except ReplicaUnavailableError as died:
+            # its replica died before a byte of the answer went out (a node lost: the
+            # head's replicas die with it): a safe method is asked again, once, of another
+            # replica (the slot marked the dead one unreachable), as HAProxy replays it in
+            # haproxy mode; any other method, no other replica, or no room: the 502
+            if data.method not in _REPLAYABLE or router.num_replicas < 2:
+                raise
             try:
                 async with router.slot(model_id, affinity) as replica:
                     return await self.transport.send_http(replica, data, send)
-            except ReplicaUnavailableError:
-                # its replica died before a byte of the answer went out (a node lost: the
-                # head's replicas die with it): a safe method is asked again, once, of
-                # another replica (the slot marked the dead one unreachable), as HAProxy
-                # replays it in haproxy mode; any other gets the 502
-                if not replays:
-                    raise
-                replays -= 1
+            except (ReplicaUnavailableError, BackpressureError):
+                raise died from None
