@@ -22,6 +22,16 @@ def token_location(env: dict[str, str]) -> str:
     return env.get("RAY_AUTH_TOKEN_PATH") or str(Path("~/.ray/auth_token"))
 
 
+def read_token(env: dict[str, str] | None = None) -> str:
+    """The token itself, from where Ray reads it (``token_location``'s order); "" when
+    there is none. For HTTP clients of Ray's guard that do not import Ray (the probes)."""
+    env = dict(os.environ) if env is None else env
+    if env.get("RAY_AUTH_TOKEN"):
+        return env["RAY_AUTH_TOKEN"]
+    path = Path(env.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token").expanduser()
+    return path.read_text().strip() if path.is_file() else ""
+
+
 def auth_line(token_auth_on: bool, env: dict[str, str] | None = None) -> tuple[str, bool]:
     """(one line for the operator, whether the cluster is guarded)."""
     env = dict(os.environ) if env is None else env

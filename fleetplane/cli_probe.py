@@ -63,13 +63,10 @@ def check_url(url: str, timeout_s: float) -> str:
 def check_serve_api(base: str, timeout_s: float) -> str:
     """"" when a Serve controller answers ``GET base/api/serve/applications/``."""
     import json
-    import os
-    from pathlib import Path
 
-    token = os.environ.get("RAY_AUTH_TOKEN", "")
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
-    if not token and path.is_file():
-        token = path.read_text().strip()
+    from controlplane.admin_surface import read_token
+
+    token = read_token()
     url = f"{base.rstrip('/')}/api/serve/applications/"
     request = urllib.request.Request(
         url, headers={"authorization": f"Bearer {token}"} if token else {})

@@ -85,6 +85,13 @@ SECTIONS = [
      "on the same day trace, data plane and simulated GB10 engines."),
     ("serve_compat_diff", "The same Serve applications under Serve and fleetplane",
      "Each request sent to both, on one local Ray; differences by design are named."),
+    ("head_loss", "The head node dies and comes back",
+     "3 nodes on loopback, the head's GCS on a real Redis; open-loop GET and POST on every "
+     "node's listener; the head's Ray processes SIGKILLed, down 30 s, started again on the "
+     "same Redis; then a worker's replica killed to see reconcile act. The head's own "
+     "listener's failures are counted apart."),
+    ("head_loss_haproxy", "The head node dies and comes back, haproxy mode",
+     "The same drill with `ingress: haproxy`."),
     ("serve_tools", "Ray Serve's own tools against fleetplane",
      "Ray's `serve` CLI, KubeRay's RayService call sequence and a driver without fleetplane "
      "installed, through fleetplane's own Serve API listener (embedded Ray) and through Ray's "

@@ -28,11 +28,10 @@ def env() -> dict:
 
 
 def token() -> str:
-    """Ray's token, where Ray's CLI reads it (``admin_surface.token_location``'s order)."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"]
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
-    return path.read_text().strip()
+    """Ray's token, where Ray's CLI reads it."""
+    from controlplane.admin_surface import read_token
+
+    return read_token()
 
 
 def serve_cli(*args: str) -> subprocess.CompletedProcess:
