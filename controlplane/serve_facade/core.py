@@ -88,9 +88,12 @@ class FacadeCore:
 
     # -- reading --------------------------------------------------------------------
 
-    async def _state(self) -> tuple[dict | None, dict]:
-        config, status = await asyncio.gather(self._controller.running_config.remote(),
-                                              self._controller.status.remote())
+    async def _state(self, summary: bool = False) -> tuple[dict | None, dict]:
+        """The running config and status (``summary``: counts, no replica rows: O(1) per
+        deployment, for what needs statuses only)."""
+        config, status = await asyncio.gather(
+            self._controller.running_config.remote(),
+            self._controller.status.remote(summary=summary))
         now = time.time()
         for name in status.get("applications", {}):
             self._deployed_at.setdefault(name, now)
@@ -114,12 +117,12 @@ class FacadeCore:
         return (await self.get_serve_statuses([name]))[0]
 
     async def get_serve_statuses(self, names: list[str]) -> list[bytes]:
-        _, status = await self._state()
+        _, status = await self._state(summary=True)  # serve.delete polls it each second
         apps = status.get("applications", {})
         return [details.status_overview(n, apps.get(n)) for n in names]
 
     async def list_serve_statuses(self) -> list[bytes]:
-        _, status = await self._state()
+        _, status = await self._state(summary=True)
         return [details.status_overview(n, a) for n, a in status["applications"].items()]
 
     async def get_ingress_deployment_name(self, app_name: str) -> str | None:
@@ -167,7 +170,10 @@ class FacadeCore:
         at = (deployment_time or time.time()) if stamp else None
         self._deployed_at = {n: at or self._deployed_at.get(n, time.time())
                              for n in app_names(config)}
-        self._targets.follow(set(app_names(config)))
+        # handles follow at once; a deleted application's deployments may still be listed
+        # (DELETING) for a while, so they are left out by name
+        apps = set(app_names(config))
+        self._targets.follow({d for d in await self._deployments() if d[0] in apps})
 
     def deploy_applications(self) -> None:
         raise RayServeException(SERVE_RUN_REFUSED.format(address=self._address or "ADDRESS"))

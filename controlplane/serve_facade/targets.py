@@ -48,23 +48,27 @@ class HandleTargets:
     def __init__(self, settings: dict) -> None:
         self._settings = settings
         self._host = LongPollHost()
-        self._published: set[DeploymentID] = set()
+        self._published: dict[DeploymentID, bool] = {}  # what handles were told: exists?
 
     async def listen(self, keys: dict, deployments: set[tuple[str, str]]) -> Any:
         """Serve's ``listen_for_change``: the keys asked for are published first (a
-        deployment of the instance gets its bridge; an unknown one is unavailable)."""
+        deployment of the instance gets its bridge; an unknown one is unavailable), and
+        what handles were told follows deploys made by other means (``fleetplane deploy``)."""
+        self.follow(deployments)
         for key in keys:
             if isinstance(key, tuple) and key[0] in _KINDS and key[1] not in self._published:
                 self._publish(key[1], (key[1].app_name, key[1].name) in deployments)
         return await self._host.listen_for_change(keys)
 
-    def follow(self, apps: set[str]) -> None:
-        """After a config change: the deployments of applications that left are
-        unavailable to handles and their bridges end."""
-        for dep_id in list(self._published):
-            if dep_id.app_name not in apps:
-                self._publish(dep_id, False)
-                _end_bridge(dep_id)
+    def follow(self, deployments: set[tuple[str, str]]) -> None:
+        """After a config change, what handles were told follows: a deployment that left
+        is unavailable and its bridge ends; one a handle waited for is there now."""
+        for dep_id, told in list(self._published.items()):
+            exists = (dep_id.app_name, dep_id.name) in deployments
+            if exists != told:
+                self._publish(dep_id, exists)
+                if not exists:
+                    _end_bridge(dep_id)
 
     def _publish(self, dep_id: DeploymentID, exists: bool) -> None:
         replicas = [self._bridge_info(dep_id)] if exists else []
@@ -74,7 +78,7 @@ class HandleTargets:
             (LongPollNamespace.DEPLOYMENT_CONFIG, dep_id): DeploymentConfig(
                 max_ongoing_requests=BRIDGE_MAX_ONGOING),
         })
-        self._published.add(dep_id)
+        self._published[dep_id] = exists
 
     def _bridge_info(self, dep_id: DeploymentID) -> RunningReplicaInfo:
         name = bridge_name(dep_id.app_name, dep_id.name)

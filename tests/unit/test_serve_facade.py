@@ -191,3 +191,33 @@ def test_rest_get_delete_and_version_as_rays_dashboard_answers():
         version = await (await client.get("/api/ray/version")).json()
         assert version["ray_version"] == "2.60.0" and int(version["version"]) >= 4
     _rest(test)
+
+
+def test_driver_handles_follow_deployments_that_come_and_go(monkeypatch):
+    from ray.serve._private.common import DeploymentID
+    from ray.serve._private.long_poll import LongPollNamespace
+
+    from controlplane.serve_facade import targets
+
+    ended: list = []
+    monkeypatch.setattr(targets, "_end_bridge", ended.append)
+    monkeypatch.setattr(targets.HandleTargets, "_bridge_info",
+                        lambda self, dep_id: f"bridge of {dep_id.name}")
+    handles = targets.HandleTargets({})
+    shop, later = DeploymentID("Shop", "shop"), DeploymentID("Later", "later")
+    key = (LongPollNamespace.DEPLOYMENT_TARGETS, later)
+
+    async def scenario():
+        told = await handles.listen({(LongPollNamespace.DEPLOYMENT_TARGETS, shop): -1,
+                                     key: -1}, {("shop", "Shop")})
+        first = {k[1].name: v.object_snapshot for k, v in told.items()}
+        both = {("shop", "Shop"), ("later", "Later")}
+        handles.follow(both)  # deployed afterwards
+        now_later = (await handles.listen({key: told[key].snapshot_id}, both))[key]
+        handles.follow(set())  # both gone
+        return first, now_later.object_snapshot
+    first, now_later = asyncio.run(scenario())
+    assert first["Shop"].is_available and first["Shop"].running_replicas == ["bridge of Shop"]
+    assert not first["Later"].is_available and first["Later"].running_replicas == []
+    assert now_later.is_available  # a handle made before its deploy is told, not stuck
+    assert set(ended) == {shop, later}  # bridges end with their deployments
