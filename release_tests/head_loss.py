@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 from release_tests.head_loss_load import OpenLoop
 from release_tests.machine import describe_line
 from release_tests.results import ROOT, folders, parse_args, record
+from release_tests.soak import serving
 
 ADDRESS = "127.0.0.2:6379"
 LISTENERS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
@@ -97,12 +97,9 @@ def kill_a_worker_replica(before: dict[str, str], head_node: str) -> str | None:
 
 
 def drill(args: argparse.Namespace, folder: Path) -> dict:
-    run_log = open(folder / "run.log", "w")
-    runner = subprocess.Popen([sys.executable, "-m", "fleetplane.cli", "run",
-                               str(config(args.haproxy)), "--address", ADDRESS,
-                               "--serve-api-port", "0"], cwd=ROOT, stdout=run_log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    # soak.serving: `fleetplane run` until every replica runs, stopped as by Ctrl-C after
+    with serving(config(args.haproxy), folder / "run.log",
+                 args=("--address", ADDRESS, "--serve-api-port", "0")):
         if wait_until(lambda: healthy(status()), 180) is None:
             raise RuntimeError("the deployment did not become HEALTHY")
         s = status()
@@ -129,12 +126,6 @@ def drill(args: argparse.Namespace, folder: Path) -> dict:
                 "replicas_before": before, "replicas_after": after, "head_node": head_node,
                 "control_actors_on": placement, "failed": load.failed(),
                 "sent": load.sent(), "errors": load.errors()}
-    finally:
-        runner.send_signal(signal.SIGINT)
-        try:
-            runner.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(runner.pid, signal.SIGKILL)
 
 
 def control_placement() -> dict[str, list[str]]:
