@@ -38,6 +38,7 @@ from controlplane.config.schema import config_to_dict, ignored_fields, parse_dep
 from controlplane.usercode.build_workers import build_all
 from controlplane.capacity import node_resources, shortfall
 from controlplane.errors import DeployRejected
+from controlplane.gcs import known_storage, read_storage
 from controlplane.health.stats import merge_all
 from controlplane.long_poll import LongPollHost
 from controlplane.nodes import NodeChanges, NodeInfo, NodeWatch, node_rows, read_nodes
@@ -106,6 +107,7 @@ class Controller:
         self._serve_api.ensure()  # Serve's tools find fleetplane (serve_facade)
         async with self._lock:
             if not self._recovered:
+                read_storage()  # once: status says it (gcs.known_storage)
                 saved = internal_kv._internal_kv_get(self._settings.checkpoint_key)
                 if saved:
                     logger.info("controller: resuming from checkpoint")
@@ -307,6 +309,7 @@ class Controller:
         status["controller"]["proxies"] = self._proxies.addresses()
         ingress = self._committed.http.ingress if self._committed is not None else "proxy"
         status["controller"]["ingress"] = ingress
+        status["controller"]["gcs_storage"] = known_storage()
         status.update(self._serve_api.describe())
         listeners = await self._proxies.describe()
         if ingress == "haproxy":

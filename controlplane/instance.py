@@ -15,6 +15,7 @@ from ray.exceptions import RayTaskError
 from controlplane.config.schema import DeployConfig, config_to_dict
 from controlplane.controller import Controller
 from controlplane.errors import ControllerGone, ControllerUnavailable, NoInstance
+from controlplane.gcs import read_storage
 from controlplane.instance_record import write_record
 from controlplane.priority import embedded_worker_niceness
 from controlplane.settings import Settings
@@ -50,9 +51,13 @@ _RESTARTING = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableErr
                ray.exceptions.GetTimeoutError)
 
 
-def record_instance() -> None:
-    """Called by ``run`` once Ray is up: other commands attach to this cluster."""
-    write_record(ray.get_runtime_context().gcs_address, os.environ.get("RAY_AUTH_MODE"))
+def record_instance() -> str:
+    """Called by ``run`` once Ray is up: other commands attach to this cluster. Returns
+    where its GCS keeps its state (``gcs.read_storage``), recorded with it."""
+    storage = read_storage()
+    write_record(ray.get_runtime_context().gcs_address, os.environ.get("RAY_AUTH_MODE"),
+                 storage)
+    return storage
 
 
 def _unwrap(call: Callable[[], Any]) -> Any:

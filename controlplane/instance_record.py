@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 from pathlib import Path
 
 from controlplane.errors import NoInstance
+from controlplane.gcs import down_message, unreachable
 
 _REACH_TIMEOUT_S = 3.0
 
@@ -34,11 +34,12 @@ def _record_path() -> Path:
     return state_dir() / "instance.json"
 
 
-def write_record(address: str, auth_mode: str | None) -> None:
+def write_record(address: str, auth_mode: str | None, gcs_storage: str = "unknown") -> None:
+    """``gcs_storage``: where that cluster's GCS keeps its state (``gcs.read_storage``)."""
     path = _record_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"address": address, "pid": os.getpid(),
-                                "auth_mode": auth_mode}))
+                                "auth_mode": auth_mode, "gcs_storage": gcs_storage}))
 
 
 def forget_record() -> None:
@@ -75,13 +76,12 @@ def resolve_target(address: str | None) -> str:
 
 
 def check_reachable(address: str, timeout_s: float = _REACH_TIMEOUT_S) -> None:
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        return  # not host:port (e.g. ray://...): let Ray judge it
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return
-    except OSError as e:
-        raise NoInstance(f"no Ray cluster answers at {address} ({e.strerror or e}); is "
-                         "`fleetplane run` still running? Pass --address to choose another "
-                         "cluster") from None
+    """NoInstance, saying what a silent GCS means for this cluster (what the live ``run``
+    recorded of it), unless ``address`` takes a connection within ``timeout_s``."""
+    why = unreachable(address, timeout_s)
+    if why is not None:
+        record = recorded_instance() or {}
+        storage = record.get("gcs_storage", "unknown") if record.get("address") == address \
+            else "unknown"
+        text = down_message(address, why, storage)
+        raise NoInstance(text if storage == "unknown" else f"{text}; ask again once it is back")

@@ -16,12 +16,14 @@ import time
 
 from controlplane.config.schema import ignored_fields, load_deploy_config
 from controlplane.errors import ControllerGone, NoInstance
+from controlplane.gcs import storage_line
 from controlplane.settings import Settings
 from fleetplane.cli_llm import add_llm_health_parser, cmd_llm_health
 from fleetplane.cli_cluster import add_cluster_parser, cmd_start_local_cluster
 from fleetplane.cli_errors import EXIT_BAD_CONFIG, EXIT_OK, report
 from fleetplane.cli_probe import add_probe_parser, cmd_probe
 from fleetplane.cli_profile import add_profile_parser, cmd_profile
+from fleetplane.cli_supervise import Supervision
 from fleetplane.progress import progress_lines, render_table, total_replicas
 
 _VERBOSE_HELP = "on an error, print the traceback too"
@@ -152,10 +154,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # SIGTERM must drain like Ctrl-C does. SIGINT is installed too: a shell starts a
     # script's background job with SIGINT ignored, and Ctrl-C must work there as well.
     # SIGHUP (the terminal closed) stops it the same way: nothing is left behind.
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, _interrupt)
-    record_instance()
+    _catch_stop_signals()
+    storage = record_instance()
     _say(start, f"Ray ready ({'joined ' + args.address if args.address else 'embedded, local'})")
+    if target:
+        _say(start, storage_line(storage))
     if note:
         _say(start, note)
     if not args.address:  # what this machine now exposes (README: "What to protect")
@@ -174,7 +177,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for warning in result.get("warnings", []):
             _say(start, f"warning: {warning}")
         _say_serve_api(start, result.get("serve_api_address"))
-        _serve(client, start, args.start_timeout_s)
+        _serve(client, start, args.start_timeout_s, Supervision(
+            lambda text: _say(start, text), target, storage,
+            (lambda: _join_again(target)) if target else None))
     except KeyboardInterrupt:
         _say(start, "stopping: draining replicas")
     except ControllerGone:
@@ -198,6 +203,22 @@ def _say_serve_api(start: float, address: str | None) -> None:
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def _catch_stop_signals() -> None:
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _interrupt)
+
+
+def _join_again(target: str) -> None:
+    """``run``'s connection made anew (``Supervision``: after the head's GCS came back)."""
+    import ray
+
+    from controlplane.instance import connect
+
+    ray.shutdown()
+    connect(target)
+    _catch_stop_signals()  # ray.init installs a SIGTERM handler of its own
+
+
 def _interrupt(*_: object) -> None:
     """The first stop signal stops the run; any later one is ignored, so a second Ctrl-C
     cannot cut the drain short (nor raise in the middle of saying so)."""
@@ -206,7 +227,7 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def _serve(client, start: float, timeout_s: float) -> None:
+def _serve(client, start: float, timeout_s: float, watch: Supervision) -> None:
     progress = _Progress(start)
     status = client.wait_until_running(timeout_s, progress)
     running, target = total_replicas(status)
@@ -217,58 +238,11 @@ def _serve(client, start: float, timeout_s: float) -> None:
     if all(a["status"] == "RUNNING" for a in status["applications"].values()):
         _say(start, f"all {running}/{target} replicas RUNNING "
              f"in {time.monotonic() - start:.2f}s; Ctrl-C to stop")
-    watch = _Supervision(start)
     while True:  # a supervisor: a control actor's death is news, never a reason to exit
         time.sleep(2.0)
         status = watch.status(client)
         if status is not None:
             progress(status)
-
-
-class _Supervision:
-    """Reads status for ``run`` and says what happened to the control actors: one line
-    when the controller stops answering and one when it is back, one per restart of a
-    shard or proxy (Ray restarts them; the controller recovers them)."""
-
-    def __init__(self, start: float) -> None:
-        self._start, self._down = start, False
-        self._seen: dict[str, tuple[int, bool]] = {}
-        self._gone = 0  # polls in a row that found no controller at all
-
-    def status(self, client) -> dict | None:
-        """The summary, or None while the control plane does not answer; raises
-        ControllerGone once two polls in a row found no controller (shut down, not
-        restarting: Ray keeps a restarting actor's name)."""
-        try:
-            status = client.status(summary=True)  # every 2 s, forever: O(deployments)
-            self._gone = 0
-        except ControllerGone:
-            self._gone += 1
-            if self._gone >= 2:
-                raise
-            return None
-        except Exception as e:  # NoInstance when restarting; anything else: say it, go on
-            text = str(e) if isinstance(e, NoInstance) else f"{type(e).__name__}: {e}"
-            if not self._down:
-                _say(self._start, f"control plane: {text.splitlines()[0] if text else ''}")
-            self._down = True
-            return None
-        if self._down:
-            _say(self._start, "control plane: the controller answers again")
-        self._down = False
-        self._report_restarts(status["controller"].get("actors", {}))
-        return status
-
-    def _report_restarts(self, actors: dict) -> None:
-        for name, actor in actors.items():
-            seen = (actor["restarts"], actor["alive"])
-            before = self._seen.get(name, seen)  # counts restart at 0 with the controller
-            if seen[0] > before[0] or seen[1] != before[1]:
-                _say(self._start, f"control plane: {name} restarted by Ray and recovered "
-                     f"({actor['restarts']} restart(s); last: {actor['last_restart_reason']})"
-                     if actor["alive"] else f"control plane: {name} died "
-                     f"({actor['last_restart_reason']}); Ray is restarting it")
-            self._seen[name] = seen
 
 
 def _stop(client, start: float, embedded: bool) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from controlplane.gcs import FAULT_TOLERANT
+
 
 def replica_counts(dep: dict) -> dict[str, int]:
     """Replicas by state: the entry's own counts, else counted from its rows."""
@@ -56,7 +58,10 @@ def render_table(status: dict) -> str:
     if not status["applications"]:
         out.append("no applications")
     c = status["controller"]
-    out.append(f"controller: {c['num_shards']} shard(s), generation {c['generation']}")
+    storage = c.get("gcs_storage", "unknown")
+    out.append(f"controller: {c['num_shards']} shard(s), generation {c['generation']}"
+               + ("" if storage == "unknown" else ", GCS fault tolerance " + (
+                   f"on ({storage})" if storage in FAULT_TOLERANT else "off")))
     if status.get("serve_api_address"):
         out.append(f"Ray Serve's REST API: {status['serve_api_address']}")
     elif status.get("serve_api_error"):

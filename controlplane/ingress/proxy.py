@@ -33,6 +33,7 @@ from controlplane.config.options import HTTPOptions
 from controlplane.ingress.listener import Listener, proxy_actor_name
 from controlplane.ingress.proxy_metrics import ProxyMetrics
 from controlplane.priority import take_control_priority
+from controlplane.routing.actor_lookup import ActorLookup, LookupTimeout
 from controlplane.routing.asgi import respond
 from controlplane.routing.bind import bind_host
 from controlplane.routing.front_door import FrontDoor
@@ -112,6 +113,8 @@ class Proxy(Listener):
         self._index, self._listeners = index, listeners
         self._exclusive = exclusive and not restarted_by_ray()  # its siblings hold the port
         self._siblings: dict[int, Any] = {}
+        # off the event loop: a scrape while the GCS does not answer must not stop serving
+        self._actors = ActorLookup(self._settings.namespace, cache=False)
         self._routers = RouterSet(self._settings.namespace, SystemClock(),
                                   settings=self._settings.router)
         self._trimmer = HeapTrimmer(SystemClock(), libc_malloc_trim())
@@ -124,8 +127,7 @@ class Proxy(Listener):
         self._started: asyncio.Future | None = None  # the first ready's start, shared
 
     async def _controller_health(self) -> dict:
-        s = self._settings
-        controller = ray.get_actor(s.controller_name, namespace=s.namespace)
+        controller = await self._actors.get(self._settings.controller_name)
         return await controller.health.remote()
 
     async def _sibling_metrics(self) -> dict[str, str]:
@@ -135,9 +137,9 @@ class Proxy(Listener):
             if i == self._index:
                 continue
             try:
-                handle = self._siblings.get(i) or ray.get_actor(
-                    proxy_actor_name(node_id, i), namespace=self._settings.namespace)
-            except ValueError:  # not created yet, or being shut down
+                handle = self._siblings.get(i) or await self._actors.get(
+                    proxy_actor_name(node_id, i))
+            except (ValueError, LookupTimeout):  # not created yet, or being shut down
                 continue
             self._siblings[i] = handle
             calls[str(i)] = asyncio.wait_for(handle.metrics_text.remote(), 1.0)

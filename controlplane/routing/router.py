@@ -77,13 +77,18 @@ class Router:
     # ---- fed by the owning shard's push ----------------------------------------------
     def update_replicas(self, replicas: Iterable[ReplicaInfo]) -> None:
         """Replace the placeable set. Replicas left out (stopping) get no new request;
-        their running requests finish normally; the transport forgets them."""
+        their running requests finish normally; the transport forgets them (and looks
+        up the new ones' handles now)."""
         before = self._members.by_id
         self._members.replace(replicas)
         forget = getattr(self._transport, "forget", None)
         if forget is not None:
             for replica_id in before.keys() - self._members.by_id.keys():
                 forget(before[replica_id])
+        warm = getattr(self._transport, "warm", None)  # handles in hand before a request
+        if warm is not None:
+            for replica_id in self._members.by_id.keys() - before.keys():
+                warm(self._members.by_id[replica_id])
         self._cache.set_members(self._members.by_id)
         self._dispatch()
 

@@ -96,7 +96,7 @@ class RouterSet:
         subprotocols = list(scope.get("subprotocols", []))
         try:
             async with self._router_for_call(key).slot() as replica:
-                handle = self.transport.handle(replica)
+                handle = await self.transport.handle(replica)
                 await relay_websocket(handle, data, subprotocols, receive, send)
         except (BackpressureError, ReplicaUnavailableError, RouterClosedError) as e:
             await send({"type": "websocket.close", "code": 1013, "reason": str(e)[:120]})

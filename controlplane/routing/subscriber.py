@@ -18,6 +18,7 @@ from typing import Any, Callable
 import ray
 
 from controlplane.clock import Clock, SystemClock
+from controlplane.routing.actor_lookup import ActorLookup
 from controlplane.routing.reachability import Reachability, SubscriberStatistics
 from controlplane.settings import Settings, shard_actor_name
 from controlplane.wire import (ROUTES_KEY, Deltas, RouterDemand, RoutesUpdate, RoutingUpdate,
@@ -39,18 +40,23 @@ class RoutingSubscriber:
     deployment of every shard: payloads are small and change only with membership.
 
     ``get_actor(name, namespace=...)`` finds the controller and shard actors
-    (``ray.get_actor``; tests pass fakes); ``clock`` must be the running loop's clock.
+    (``ray.get_actor``; tests pass fakes), off the event loop (``actor_lookup``: a GCS
+    that does not answer must not stop the proxy it runs in) unless ``threaded_lookups``
+    is False (tests, on a virtual clock); ``clock`` must be the running loop's clock.
     """
 
     def __init__(self, settings: Settings, on_deployment: Callable[[str, RoutingUpdate | None], None],
                  on_routes: Callable[[RoutesUpdate], None] = lambda r: None, *,
                  get_actor: Callable[..., Any] = ray.get_actor, clock: Clock = SystemClock(),
                  rng: random.Random | None = None,
-                 demands: Callable[[], dict[str, RouterDemand]] | None = None) -> None:
+                 demands: Callable[[], dict[str, RouterDemand]] | None = None,
+                 threaded_lookups: bool = True) -> None:
         self._settings = settings
         self._on_deployment = on_deployment
         self._on_routes = on_routes
-        self._get_actor = get_actor
+        # looked up each round, as before: a controller or shard made anew is found
+        self._lookup = ActorLookup(settings.namespace, get_actor, cache=False,
+                                   threaded=threaded_lookups)
         self._reach = Reachability(clock, rng if rng is not None else random.Random(), logger)
         self._known: dict[int, dict[str, int]] = {}  # shard -> {deployment key: version}
         self._held: dict[int, dict[str, Any]] = {}  # shard -> {key: payload held}
@@ -78,7 +84,7 @@ class RoutingSubscriber:
         version = 0
         while True:
             try:
-                controller = self._get_actor(s.controller_name, namespace=s.namespace)
+                controller = await self._lookup.get(s.controller_name)
                 changes = await controller.listen_routes.remote({ROUTES_KEY: version})
             except Exception as e:  # controller restarting: keep the last routes, retry
                 await self._reach.wait_retry(CONTROLLER, e)
@@ -102,10 +108,9 @@ class RoutingSubscriber:
         self._on_routes(update)
 
     async def _follow_shard(self, index: int) -> None:
-        s = self._settings
         while True:
             try:
-                shard = self._get_actor(shard_actor_name(index), namespace=s.namespace)
+                shard = await self._lookup.get(shard_actor_name(index))
                 self._shards[index] = shard  # demand reports go to the same handle
                 known = dict(self._known[index])
                 changes = await shard.listen_routing.remote(known, True)

@@ -25,6 +25,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 
 from controlplane.errors import (BackpressureError, DeploymentRaised, ReplicaUnavailableError,
                                  first_line)
+from controlplane.routing.actor_lookup import ActorLookup, LookupTimeout
 from controlplane.routing.asgi import rejection_headers, respond
 from controlplane.wire import HTTPRequestData, ReplicaInfo
 
@@ -62,36 +63,39 @@ class ReplicaTransport(Protocol):
 
 
 class RayTransport:
-    """ReplicaTransport over Ray actor calls; actor handles cached by name."""
+    """ReplicaTransport over Ray actor calls; actor handles looked up off the event loop
+    and kept by name (``actor_lookup``: a GCS that does not answer never stops a loop)."""
 
     def __init__(self, namespace: str) -> None:
-        self._namespace = namespace
-        self._handles: dict[str, Any] = {}
+        self._lookup = ActorLookup(namespace)
 
-    def handle(self, replica: ReplicaInfo) -> Any:
-        handle = self._handles.get(replica.actor_name)
-        if handle is None:
-            try:
-                handle = ray.get_actor(replica.actor_name, namespace=self._namespace)
-            except ValueError:
-                raise ReplicaUnavailableError(replica.replica_id, "actor not found") from None
-            self._handles[replica.actor_name] = handle
-        return handle
+    async def handle(self, replica: ReplicaInfo) -> Any:
+        try:
+            return await self._lookup.get(replica.actor_name)
+        except ValueError:
+            raise ReplicaUnavailableError(replica.replica_id, "actor not found") from None
+        except LookupTimeout as e:
+            raise ReplicaUnavailableError(replica.replica_id, str(e)) from None
+
+    def warm(self, replica: ReplicaInfo) -> None:
+        """The replica joined the set: its handle is looked up now, not at its first
+        request (which may come while the GCS does not answer)."""
+        self._lookup.warm([replica.actor_name])
 
     def forget(self, replica: ReplicaInfo) -> None:
         """The replica left the set: drop its handle. Its name may come back on another
         actor (a restarted shard issues ids again from the live replicas it finds), and a
         cached handle would reach the dead one; the cache also stays bounded by the set."""
-        self._handles.pop(replica.actor_name, None)
+        self._lookup.forget(replica.actor_name)
 
     def _gone(self, replica: ReplicaInfo, error: BaseException) -> ReplicaUnavailableError:
-        self._handles.pop(replica.actor_name, None)
+        self._lookup.forget(replica.actor_name)
         return ReplicaUnavailableError(replica.replica_id, first_line(error))
 
     async def send(self, replica: ReplicaInfo, request: tuple) -> Any:
         """``request``: (method, args, kwargs[, RequestMeta])."""
         try:
-            return await self.handle(replica).handle_request.remote(*request)
+            return await (await self.handle(replica)).handle_request.remote(*request)
         except _GONE as e:
             raise self._gone(replica, e) from None
         except RayTaskError as e:  # the user's exception, unwrapped from Ray
@@ -99,7 +103,7 @@ class RayTransport:
 
     async def stream(self, replica: ReplicaInfo, request: tuple) -> AsyncIterator[Any]:
         """A streamed handle call: the items as the replica's generator yields them."""
-        gen = self.handle(replica).handle_request_stream.options(
+        gen = (await self.handle(replica)).handle_request_stream.options(
             num_returns="streaming").remote(*request)
         try:
             async for ref in gen:
@@ -115,14 +119,14 @@ class RayTransport:
     async def probe_queue_len(self, replica: ReplicaInfo,
                               deadline_s: float) -> int | tuple[int, float]:
         try:
-            return await asyncio.wait_for(self.handle(replica).get_queue_len.remote(),
-                                          deadline_s)
+            handle = await self.handle(replica)
+            return await asyncio.wait_for(handle.get_queue_len.remote(), deadline_s)
         except _GONE as e:
             raise self._gone(replica, e) from None
 
     async def send_http(self, replica: ReplicaInfo, data: HTTPRequestData, send: Any) -> int:
         """One round trip for a plain response; a second call streams a generator's."""
-        handle = self.handle(replica)
+        handle = await self.handle(replica)
         ref = gen = None
         try:
             ref = handle.handle_http.remote(data)
@@ -158,7 +162,7 @@ class RayTransport:
             # The head is out, so the status cannot change. Ending the body normally would
             # pass a truncated response off as complete: abort the connection instead.
             if isinstance(e, _GONE):
-                self._handles.pop(replica.actor_name, None)
+                self._lookup.forget(replica.actor_name)
             raise StreamAborted(replica.replica_id, first_line(e)) from None
         await send({"type": "http.response.body", "body": b""})
 

@@ -90,7 +90,7 @@ class HTTPTransport:
         self.held.set()
         self.held = asyncio.Event()
 
-    def handle(self, replica: ReplicaInfo) -> Any:
+    async def handle(self, replica: ReplicaInfo) -> Any:
         raise AssertionError("no WebSocket in these tests")
 
     async def send_http(self, replica: ReplicaInfo, data: HTTPRequestData, send: Any) -> int:

@@ -68,6 +68,26 @@ def test_an_address_nobody_listens_on_is_refused_with_a_clear_error():
             check_reachable(f"127.0.0.1:{port}")
 
 
+@pytest.mark.parametrize("storage, says", [
+    ("redis", "Its state is kept in redis (GCS fault tolerance): the worker nodes keep "
+              "serving"),
+    ("memory", "no GCS fault tolerance): a head that was lost is not coming back; worker "
+               "nodes exit after RAY_gcs_rpc_server_reconnect_timeout_s"),
+])
+def test_a_silent_gcs_is_explained_by_what_the_live_run_recorded_of_it(state_dir, storage,
+                                                                       says):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        (state_dir / "instance.json").write_text(json.dumps({
+            "address": address, "pid": os.getpid(), "auth_mode": "token",
+            "gcs_storage": storage}))
+        with pytest.raises(NoInstance) as e:
+            check_reachable(address)
+    assert f"the GCS at {address} does not answer" in str(e.value)
+    assert "the head node is down or restarting" in str(e.value) and says in str(e.value)
+
+
 def test_a_listening_address_passes():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import math
 
+import pytest
+
 from controlplane.deployment.lifecycle import ReplicaState
 from controlplane.nodes import NodeChanges, NodeInfo, NodeWatch, changes, node_rows
 from controlplane.deployment.reconcile import StartReplica, StopReplica, plan
@@ -138,6 +140,36 @@ def test_the_watch_hands_over_each_diff_once_and_again_if_handling_failed():
         await watch.poll_once()
     asyncio.run(scenario())
     assert seen == [("a",), ("b",), ("b",)]
+
+
+def test_a_silent_gcs_changes_nothing_and_the_head_back_is_the_only_news():
+    """The head node's GCS down (issue 32): every reading fails; the watch keeps the last
+    one, so no node is taken as gone and no listener is forgotten. When the GCS is back,
+    the killed head is a dead node and its restart a new one: the workers are no news."""
+    readings: list = [{"head": node("head"), "w1": node("w1"), "w2": node("w2")}]
+    seen: list[NodeChanges] = []
+
+    async def on_change(diff, nodes):
+        seen.append(diff)
+
+    def read():
+        if isinstance(readings[0], Exception):
+            raise readings[0]
+        return readings[0]
+
+    async def scenario():
+        watch = NodeWatch(on_change, read=read)
+        await watch.poll_once()
+        readings[0] = ConnectionError("GCS at 127.0.0.2:6379 unreachable")
+        for _ in range(30):
+            with pytest.raises(ConnectionError):
+                await watch.poll_once()
+        assert set(watch.nodes) == {"head", "w1", "w2"}
+        readings[0] = {"head": node("head", alive=False), "head2": node("head2"),
+                       "w1": node("w1"), "w2": node("w2")}
+        await watch.poll_once()
+    asyncio.run(scenario())
+    assert seen[1:] == [NodeChanges(joined=("head2",), left=("head",), drains=None)]
 
 
 def test_status_rows_carry_the_listener_and_the_replicas_of_each_node():

@@ -147,6 +147,15 @@ def test_render_table_shows_apps_replicas_messages_and_controller():
     assert lines[-1] == "controller: 1 shard(s), generation 4"
 
 
+@pytest.mark.parametrize("storage, line", [
+    ("redis", "controller: 1 shard(s), generation 0, GCS fault tolerance on (redis)"),
+    ("memory", "controller: 1 shard(s), generation 0, GCS fault tolerance off")])
+def test_the_table_says_whether_the_head_nodes_loss_is_survived(storage, line):
+    status = assemble_status(None, [shard(0, {})], 0)
+    status["controller"]["gcs_storage"] = storage
+    assert render_table(status).splitlines()[-1] == line
+
+
 def test_render_table_says_no_applications_when_there_are_none():
     assert "no applications" in render_table(assemble_status(None, [shard(0, {})], 0))
 

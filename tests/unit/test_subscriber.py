@@ -94,7 +94,7 @@ class Harness:
         self.routes: list[RoutesUpdate] = []
         self.subscriber = RoutingSubscriber(
             SETTINGS, self._on_deployment, self.routes.append,
-            get_actor=self.directory.get_actor, clock=self.clock,
+            get_actor=self.directory.get_actor, clock=self.clock, threaded_lookups=False,
             rng=rng if rng is not None else TopOfRange())
 
     def _on_deployment(self, key: str, update: RoutingUpdate | None) -> None:

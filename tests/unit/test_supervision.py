@@ -14,7 +14,8 @@ from ray.exceptions import RayActorError
 from controlplane.clock import FakeClock
 from controlplane.errors import ControllerGone, ControllerUnavailable
 from controlplane.supervision import Supervisor
-from fleetplane.cli import _Supervision
+from fleetplane import cli_supervise
+from fleetplane.cli_supervise import Supervision
 from tests.unit.virtual_time import run_virtual, wait_all_tasks_blocked
 
 
@@ -101,15 +102,15 @@ def status(restarts: int, alive: bool = True) -> dict:
         "alive": alive, "restarts": restarts, "last_restart_reason": "killed"}}}}
 
 
-def test_run_reports_each_outage_and_restart_once(capsys):
-    client, watch = FakeClient(), _Supervision(start=0.0)
+def test_run_reports_each_outage_and_restart_once():
+    said: list[str] = []
+    client, watch = FakeClient(), Supervision(said.append)
     client.answers = [status(0), ControllerUnavailable("restarting"), RuntimeError("odd"),
                       status(0), status(1, alive=False), status(1), status(1), status(0)]
     results = [watch.status(client) for _ in range(len(client.answers))]
     assert [r is None for r in results] == [False, True, True, False, False, False, False,
                                             False]
-    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
-    assert lines == [
+    assert said == [
         "control plane: restarting",
         "control plane: the controller answers again",
         "control plane: shard_0 died (killed); Ray is restarting it",
@@ -121,13 +122,81 @@ def test_run_reports_each_outage_and_restart_once(capsys):
 def test_run_ends_once_two_polls_in_a_row_find_no_controller_at_all():
     """``fleetplane shutdown`` removed the controller (a restarting one keeps its name):
     ``run`` stops instead of polling a dead instance for ever; one miss is not enough."""
-    client, watch = FakeClient(), _Supervision(start=0.0)
+    client, watch = FakeClient(), Supervision(lambda _: None)
     client.answers = [ControllerGone("none"), status(0), ControllerGone("none"),
                       ControllerGone("none")]
     assert watch.status(client) is None and watch.status(client) is not None
     assert watch.status(client) is None
     with pytest.raises(ControllerGone):
         watch.status(client)
+
+
+class Gcs:
+    """The joined cluster's GCS, as ``run``'s connection check sees it."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.down = False
+        monkeypatch.setattr(cli_supervise, "unreachable",
+                            lambda address, timeout_s: "Connection refused" if self.down
+                            else None)
+
+
+def test_run_waits_for_a_silent_gcs_and_joins_the_cluster_again_when_it_answers(monkeypatch):
+    """The head node down: ``run`` says once what that means for this cluster (its GCS
+    keeps its state in Redis), asks the controller nothing meanwhile (a GCS call would
+    wait), and on the GCS's return joins again (its raylet may have died with the head)."""
+    said, joins, gcs = [], [], Gcs(monkeypatch)
+    client = FakeClient()
+    watch = Supervision(said.append, "127.0.0.2:6379", "redis", lambda: joins.append(1))
+    client.answers = [status(0), status(0)]
+    assert watch.status(client) is not None
+    gcs.down = True
+    assert [watch.status(client) for _ in range(3)] == [None, None, None]
+    assert len(said) == 1 and "127.0.0.2:6379 does not answer (Connection refused)" in said[0]
+    assert "kept in redis" in said[0] and "keeps supervising" in said[0]
+    assert joins == [] and len(client.answers) == 1  # the controller was not asked
+    gcs.down = False
+    assert watch.status(client) is not None and joins == [1]
+    assert said[1] == "control plane: the GCS answers again; joining the cluster again"
+
+
+def test_a_controller_silent_while_the_gcs_answers_makes_run_join_again(monkeypatch):
+    said, joins, gcs = [], [], Gcs(monkeypatch)
+    watch = Supervision(said.append, "127.0.0.2:6379", "redis", lambda: joins.append(1))
+    client = FakeClient()
+    client.answers = [ControllerUnavailable("not answering")] * 3 + [status(0)]
+    assert [watch.status(client) for _ in range(3)] == [None, None, None]
+    assert joins == [1] and "joining the cluster again" in said[-1]
+    assert watch.status(client) is not None and gcs.down is False
+
+
+def test_a_failed_join_is_tried_again_at_the_next_poll_and_the_controller_not_asked(
+        monkeypatch):
+    """Between a failed join and the next one this process has no connection: asking the
+    controller then would make Ray start a cluster of its own."""
+    said, gcs, tries = [], Gcs(monkeypatch), []
+
+    def join() -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise ConnectionError("the head is not ready")
+
+    watch, client = Supervision(said.append, "127.0.0.2:6379", "memory", join), FakeClient()
+    gcs.down = True
+    assert watch.status(client) is None and "no GCS fault tolerance" in said[0]
+    gcs.down = False
+    client.answers = [status(0)]
+    assert watch.status(client) is None and "joining again failed" in said[-1]
+    assert watch.status(client) is not None and len(tries) == 2
+
+
+def test_the_embedded_ray_is_never_joined_again(monkeypatch):
+    """Without an address the GCS is this process's own: nothing to wait for or join."""
+    gcs, said = Gcs(monkeypatch), []
+    gcs.down = True
+    client, watch = FakeClient(), Supervision(said.append)
+    client.answers = [ControllerUnavailable("x")] * 5
+    assert [watch.status(client) for _ in range(5)] == [None] * 5 and said == ["control plane: x"]
 
 
 def test_an_unwatched_actor_is_neither_recovered_nor_listed():

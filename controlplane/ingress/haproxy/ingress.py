@@ -39,6 +39,7 @@ from controlplane.ingress.haproxy.metrics import IngressMetrics
 from controlplane.ingress.haproxy.process import HAProxyProcess
 from controlplane.ingress.listener import Listener
 from controlplane.priority import take_control_priority
+from controlplane.routing.actor_lookup import ActorLookup
 from controlplane.routing.bind import bind_host
 from controlplane.routing.listen import listen_socket, serve_unix
 from controlplane.routing.subscriber import RoutingSubscriber
@@ -109,8 +110,9 @@ class HAProxyIngress(Listener):
         return f"{bind_host(self._http.host)}:{self._http.port}"
 
     async def _controller_health(self) -> dict:
-        s = self._settings
-        return await ray.get_actor(s.controller_name, namespace=s.namespace).health.remote()
+        """For /metrics scrapes: looked up off the event loop (``actor_lookup``)."""
+        lookup = ActorLookup(self._settings.namespace, cache=False)
+        return await (await lookup.get(self._settings.controller_name)).health.remote()
 
     def _start(self) -> None:
         if self._process.adopt():
