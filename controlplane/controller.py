@@ -37,6 +37,7 @@ from controlplane.config.options import HTTPOptions
 from controlplane.config.schema import config_to_dict, ignored_fields, parse_deploy_config
 from controlplane.usercode.build_workers import build_all
 from controlplane.capacity import node_resources, shortfall
+from controlplane.control_placement import control_options
 from controlplane.errors import DeployRejected
 from controlplane.gcs import known_storage, read_storage
 from controlplane.health.stats import merge_all
@@ -192,9 +193,10 @@ class Controller:
         if self._shards:
             return
         remote_shard = ray.remote(ControllerShard)
+        where = control_options(self._settings.control_plane_on)
         self._shards = [remote_shard.options(
             name=shard_actor_name(i), namespace=self._settings.namespace, lifetime="detached",
-            num_cpus=0, get_if_exists=True, max_concurrency=10_000, max_restarts=-1,
+            num_cpus=0, get_if_exists=True, max_concurrency=10_000, max_restarts=-1, **where,
         ).remote(i, self._settings.to_dict()) for i in range(num_shards)]
         for i, shard in enumerate(self._shards):
             self._supervisor.watch(f"shard_{i}", shard, lambda i=i: self._recover_shard(i))

@@ -78,8 +78,9 @@ def down_message(address: str, why: str, storage: str) -> str:
                 "comes back with the head")
     if storage == "memory":
         return (f"{head}. Its state was in memory (no GCS fault tolerance): a head that was "
-                f"lost is not coming back; worker nodes exit after {RECONNECT_TIMEOUT}, "
-                "and a new head is a new, empty cluster where `fleetplane run` starts again")
+                f"lost is not coming back; after {RECONNECT_TIMEOUT} Ray ends the worker "
+                "nodes and every process joined to the cluster (a `fleetplane run` too), and "
+                "a new head is a new, empty cluster where `fleetplane run` starts again")
     return (f"no Ray cluster answers at {address} ({why}); is `fleetplane run` still running? "
             "If it is, the head node is down: with GCS fault tolerance it comes back and "
             "fleetplane with it. Pass --address to choose another cluster")

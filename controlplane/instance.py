@@ -13,6 +13,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from controlplane.config.schema import DeployConfig, config_to_dict
+from controlplane.control_placement import control_options
 from controlplane.controller import Controller
 from controlplane.errors import ControllerGone, ControllerUnavailable, NoInstance
 from controlplane.gcs import read_storage
@@ -84,7 +85,8 @@ class Client:
         s = self.settings
         handle = ray.remote(Controller).options(
             name=s.controller_name, namespace=s.namespace, lifetime="detached", num_cpus=0,
-            get_if_exists=True, max_concurrency=1000, max_restarts=-1).remote(s.to_dict())
+            get_if_exists=True, max_concurrency=1000, max_restarts=-1,
+            **control_options(s.control_plane_on)).remote(s.to_dict())
         ray.get(handle.ready.remote())
         return handle
 

@@ -87,6 +87,10 @@ class Settings:
     # of ours (a dashboard, drivers and RayService still work); -1: no facade at all.
     serve_api_host: str = "127.0.0.1"
     serve_api_port: int = 8265
+    # Where the controller, its shards and Serve's facade run (``control_placement``):
+    # "head" (default), "workers" (off the head while a worker can take them) or "any"
+    # (Ray's choice).
+    control_plane_on: str = "head"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,7 +102,8 @@ class Settings:
                    shard=ShardSettings(**data["shard"]), replica=ReplicaSettings(**data["replica"]),
                    router=RouterSettings(**data.get("router", {})),
                    serve_api_host=data.get("serve_api_host", "127.0.0.1"),
-                   serve_api_port=data.get("serve_api_port", 8265))
+                   serve_api_port=data.get("serve_api_port", 8265),
+                   control_plane_on=data.get("control_plane_on", "head"))
 
 
 def shard_actor_name(index: int) -> str:

@@ -15,6 +15,7 @@ import sys
 import time
 
 from controlplane.config.schema import ignored_fields, load_deploy_config
+from controlplane.control_placement import CHOICES as CONTROL_CHOICES
 from controlplane.errors import ControllerGone, NoInstance
 from controlplane.gcs import storage_line
 from controlplane.settings import Settings
@@ -47,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
                      "-a; 0: no listener")
     run.add_argument("--serve-api-host", default="127.0.0.1",
                      help="its address (default 127.0.0.1; another needs Ray's token auth)")
+    run.add_argument("--control-plane-on", choices=CONTROL_CHOICES, default="head",
+                     help="where the controller, its shards and Serve's facade run: the head "
+                     "node (default: the node a fleet keeps), workers (a head restart "
+                     "leaves them running), or any (Ray's choice); README: What survives what")
     deploy = sub.add_parser("deploy", help="apply CONFIG to a running instance")
     deploy.add_argument("config")
     deploy.add_argument("--wait", action="store_true", help="return once all are RUNNING")
@@ -166,7 +171,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         _say(start, auth_line(cluster_token_auth_on())[0])
     client = Client(Settings(serve_api_host=args.serve_api_host,
-                             serve_api_port=args.serve_api_port))
+                             serve_api_port=args.serve_api_port,
+                             control_plane_on=args.control_plane_on))
     deployed = False
     try:
         client.start_controller()

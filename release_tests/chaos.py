@@ -7,7 +7,9 @@ killed), its own embedded Ray (and its own instance record, so another ``fleetpl
 on the machine is neither joined nor disturbed), sends a steady open-loop load of GET
 requests to it, and every few seconds SIGKILLs one actor at random of ``--kinds``: the
 controller, a shard, the proxy, a replica, a node's metric reporter, or the facade Serve's
-tools call (``SERVE_CONTROLLER_ACTOR``). Per kind of kill it reports the requests that
+tools call (``SERVE_CONTROLLER_ACTOR``); with ``head`` among the kinds (not by default),
+on a 3-node cluster with GCS fault tolerance, the head node itself (``chaos_head``: the
+load then goes to a worker node's listener). Per kind of kill it reports the requests that
 failed in the window after the kill, the replicas restarted
 beyond the killed one (compared by actor id), and the time until ``status`` answered
 again with every replica RUNNING. Goal (issue 9): 0 failed requests for control actors; for a
@@ -37,12 +39,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from release_tests import chaos_head
 from release_tests.plot_data import timeline
 from release_tests.results import parse_args, record
 
 CONFIG = Path(__file__).with_name("chaos.yaml")
 URL = "http://127.0.0.1:8011/chaos"
 KINDS = ("controller", "shard", "proxy", "replica", "reporter", "serve_api")
+ALL_KINDS = (*KINDS, "head")  # head: on a 3-node cluster with Redis (chaos_head), on request
 SMOKE = {"duration_s": 1.0, "every_s": 2.0, "kinds": "replica"}
 
 
@@ -62,8 +66,8 @@ class Load:
     """Open-loop GETs at ``rate`` per second from a few threads; records (t, ok, why,
     latency_s) per answer."""
 
-    def __init__(self, rate: float, threads: int = 8) -> None:
-        self.rate, self.threads = rate, threads
+    def __init__(self, rate: float, threads: int = 8, url: str = URL) -> None:
+        self.rate, self.threads, self.url = rate, threads, url
         self.results: list[tuple[float, bool, str, float]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -82,7 +86,7 @@ class Load:
             time.sleep(max(0.0, next_at - time.monotonic()))
             next_at += period
             sent_at = time.monotonic()
-            ok, why = _get()
+            ok, why = _get(self.url)
             now = time.monotonic()
             with self._lock:
                 self.results.append((now, ok, why, now - sent_at))
@@ -96,9 +100,9 @@ class Load:
                 ", ".join(f"{why} x{n}" for why, n in failures.most_common()))
 
 
-def _get() -> tuple[bool, str]:
+def _get(url: str) -> tuple[bool, str]:
     try:
-        with urllib.request.urlopen(URL, timeout=10) as reply:
+        with urllib.request.urlopen(url, timeout=10) as reply:
             return reply.status == 200, str(reply.status)
     except urllib.error.HTTPError as e:
         return False, str(e.code)
@@ -153,12 +157,14 @@ def _all_running(timeout_s: float) -> bool:
     return False
 
 
-def _start_instance(config: Path) -> subprocess.Popen:
-    """``fleetplane run CONFIG`` with an instance record of its own, joined once all its
-    replicas run; the address comes from that record, never Ray's "auto" (the Ray started
-    last on this machine, which may be another one)."""
-    os.environ["FLEETPLANE_STATE_DIR"] = tempfile.mkdtemp(prefix="chaos_")  # run inherits it
-    runner = subprocess.Popen([sys.executable, "-m", "fleetplane.cli", "run", str(config)],
+def _start_instance(config: Path, cluster: bool) -> subprocess.Popen:
+    """``fleetplane run CONFIG`` with an instance record of its own (the state directory
+    chosen in ``run``), joined once all its replicas run; the address comes from that
+    record, never Ray's "auto" (the Ray started last on this machine, which may be
+    another one). ``cluster``: on the 3-node cluster of ``chaos_head``."""
+    extra = chaos_head.RUN_ARGS if cluster else ()
+    runner = subprocess.Popen([sys.executable, "-m", "fleetplane.cli", "run", str(config),
+                               *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in runner.stdout:
         print("  run:", line.rstrip())
@@ -181,8 +187,13 @@ def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path,
         kinds: tuple[str, ...]) -> tuple[list[Kill], Load, float]:
     """The kills, the load (its answers) and when it started (monotonic)."""
     rng = random.Random(seed)
-    runner = _start_instance(config)
-    load = Load(rate)
+    os.environ["FLEETPLANE_STATE_DIR"] = tempfile.mkdtemp(prefix="chaos_")  # run inherits it
+    cluster = "head" in kinds
+    if cluster:
+        chaos_head.start_cluster()
+        config = chaos_head.cluster_config(config)
+    runner = _start_instance(config, cluster)
+    load = Load(rate, url=chaos_head.URL if cluster else URL)
     load.start()
     kills: list[Kill] = []
     started = time.monotonic()
@@ -202,6 +213,8 @@ def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path,
         load.stop()
         runner.send_signal(signal.SIGINT)
         runner.wait(60)
+        if cluster:
+            chaos_head.stop_cluster()
     return kills, load, started
 
 
@@ -213,9 +226,13 @@ def _kill_one(rng: random.Random, started: float, kinds: tuple[str, ...]) -> Kil
     _BEFORE.clear()
     _BEFORE.update(_replicas(actors))
     kind = rng.choice(kinds)
+    if kind == "head":
+        at_s = time.monotonic() - started
+        chaos_head.kill_head()
+        return Kill(kind, f"head {chaos_head.ADDRESS}", at_s)
     name = _victim(kind, actors, rng)
     if name is None:  # e.g. no node reporter yet: kill something that exists
-        present = [k for k in kinds if _victim(k, actors, random.Random(0))]
+        present = [k for k in kinds if k != "head" and _victim(k, actors, random.Random(0))]
         if not present:  # the actors' names changed: the harness no longer finds them
             raise RuntimeError(f"no actor of kind {', '.join(kinds)} among {sorted(actors)}")
         kind = rng.choice(present)
@@ -239,7 +256,7 @@ def report(kills: list[Kill]) -> dict:
     print(f"{'killed':10s} {'kills':>5s} {'failed':>7s} {'sent':>6s} {'replicas restarted':>19s}"
           f" {'recovery s (median)':>20s}")
     summary = {}
-    for kind in KINDS:
+    for kind in ALL_KINDS:
         mine = [k for k in kills if k.kind == kind]
         if not mine:
             continue
@@ -267,9 +284,9 @@ def broken(kills: list[Kill], load: Load) -> list[str]:
 
 def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k for k in text.split(",") if k)
-    if not kinds or set(kinds) - set(KINDS):
-        raise SystemExit(f"--kinds: unknown {sorted(set(kinds) - set(KINDS))}; "
-                         f"choose from {', '.join(KINDS)}")
+    if not kinds or set(kinds) - set(ALL_KINDS):
+        raise SystemExit(f"--kinds: unknown {sorted(set(kinds) - set(ALL_KINDS))}; "
+                         f"choose from {', '.join(ALL_KINDS)}")
     return kinds
 
 
@@ -281,7 +298,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--haproxy", action="store_true", help="http_options.ingress: haproxy")
     p.add_argument("--kinds", default=",".join(KINDS),
-                   help=f"what may be killed, comma-separated (default: {','.join(KINDS)})")
+                   help=f"what may be killed, comma-separated (default: {','.join(KINDS)}; "
+                   "head: on a 3-node cluster with Redis, the load on a worker's listener)")
     p.add_argument("--smoke", action="store_true",
                    help="one replica kill after 2 s of load (--duration-s 1 --every-s 2 "
                    "--kinds replica unless given): what the test suite runs")

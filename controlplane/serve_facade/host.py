@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 
+from controlplane.control_placement import control_options
 from controlplane.errors import first_line
 from controlplane.serve_facade.targets import SERVE_NAMESPACE, by_value, end_all_bridges
 from controlplane.settings import Settings
@@ -52,6 +53,7 @@ class ServeApiHost:
             facade = ray.remote(by_value(ServeFacade)).options(
                 name=SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE, lifetime="detached",
                 get_if_exists=True, num_cpus=0, max_restarts=-1, max_concurrency=10_000,
+                **control_options(self._settings.control_plane_on),
             ).remote(self._settings.to_dict())
             self.error = await _not_ours(facade, self._settings.namespace)
             if not self.error:

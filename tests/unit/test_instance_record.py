@@ -71,8 +71,9 @@ def test_an_address_nobody_listens_on_is_refused_with_a_clear_error():
 @pytest.mark.parametrize("storage, says", [
     ("redis", "Its state is kept in redis (GCS fault tolerance): the worker nodes keep "
               "serving"),
-    ("memory", "no GCS fault tolerance): a head that was lost is not coming back; worker "
-               "nodes exit after RAY_gcs_rpc_server_reconnect_timeout_s"),
+    ("memory", "no GCS fault tolerance): a head that was lost is not coming back; after "
+               "RAY_gcs_rpc_server_reconnect_timeout_s (60 s by default) Ray ends the worker "
+               "nodes"),
 ])
 def test_a_silent_gcs_is_explained_by_what_the_live_run_recorded_of_it(state_dir, storage,
                                                                        says):
