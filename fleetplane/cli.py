@@ -189,7 +189,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _say(start, "stopping: draining replicas")
     except ControllerGone:
-        _say(start, "the instance was shut down (`fleetplane shutdown`); stopping")
+        _say(start, "the instance is gone: shut down (`fleetplane shutdown`), or lost with a "
+             "head node whose GCS kept no state (no fault tolerance); stopping")
     finally:
         # A joined instance that refused this config keeps running as it was.
         if deployed or not args.address:

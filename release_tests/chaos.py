@@ -320,7 +320,8 @@ def main() -> int:
                # the plot: requests answered and failed per bin from the load's start,
                # with the kills' at_s above
                "timeline": timeline(load.results, started, end, points=300)}
-    path = record("chaos", summary, [asdict(k) for k in kills], smoke=args.smoke)
+    name = "chaos_head" if "head" in kinds else "chaos"  # a cluster run: its own record
+    path = record(name, summary, [asdict(k) for k in kills], smoke=args.smoke)
     print(f"results: {path}")
     failed = broken(kills, load)
     for why in failed:

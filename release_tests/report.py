@@ -92,6 +92,13 @@ SECTIONS = [
      "listener's failures are counted apart."),
     ("head_loss_haproxy", "The head node dies and comes back, haproxy mode",
      "The same drill with `ingress: haproxy`."),
+    ("head_loss_workers", "The head node dies and comes back, control plane on workers",
+     "The same drill with `fleetplane run --control-plane-on workers`: the controller, "
+     "shards and facade off the head, so the head's restart does not restart them."),
+    ("chaos_head", "Kills under load on a cluster, the head node among them",
+     "`release_tests.chaos --kinds head,...` on a 3-node cluster with GCS fault tolerance "
+     "(Redis): the load on a worker node's listener; a head kill is 10 s down and back on "
+     "the same Redis, its recovery time counted from the kill."),
     ("serve_tools", "Ray Serve's own tools against fleetplane",
      "Ray's `serve` CLI, KubeRay's RayService call sequence and a driver without fleetplane "
      "installed, through fleetplane's own Serve API listener (embedded Ray) and through Ray's "

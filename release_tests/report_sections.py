@@ -305,7 +305,7 @@ RENDERERS: dict[str, Renderer] = {
     "scale": render_scale, "health_push": render_health_push,
     "http_bench": render_http_bench, "soak": render_soak,
     "drain_events": render_drain_events, "drain_events_nophase1": render_drain_events,
-    "chaos": render_chaos, "overload_idle": render_overload_idle,
+    "chaos": render_chaos, "chaos_head": render_chaos, "overload_idle": render_overload_idle,
     "node_churn": render_node_churn, "http_abuse": render_http_abuse,
     "retry_after_http": render_retry_after_http, "retry_after_eval": render_retry_after_eval,
     "llm_day": render_llm_day, "llm_routing": render_llm_routing,

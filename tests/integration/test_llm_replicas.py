@@ -130,7 +130,7 @@ def test_a_loading_engine_says_so_in_status_under_its_derived_start_deadline(fle
 
 def test_vllm_from_its_own_environment_runs_through_the_default_command_shape(fleet,
                                                                               tmp_path):
-    """The README's separate-environment form: ``command`` names another environment's
+    """LLM.md's separate-environment form: ``command`` names another environment's
     ``bin/vllm`` (not on the replica's PATH), with vLLM's own ``serve`` arguments; here that
     ``vllm`` is a script running the simulator behind vLLM's command line."""
     import sys

@@ -1,7 +1,7 @@
 """The simulator behind vLLM's own command line: ``vllm serve MODEL --host H --port P
 --max-num-seqs N [...]``, what ``VLLMServer``'s default command runs.
 
-The separate-environment form of the README ("vLLM in its own virtual environment") points
+The separate-environment form of LLM.md ("Installing vLLM for the replicas") points
 ``command`` at another environment's ``bin/vllm``; a test writes an executable ``bin/vllm``
 that runs this module, so that form is exercised end to end with the simulator standing in
 for the binary. vLLM's other flags (``--tensor-parallel-size``, ``--gpu-memory-utilization``,
