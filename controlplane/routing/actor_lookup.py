@@ -2,9 +2,9 @@
 
 ``ray.get_actor`` is a GCS call, and a blocking one: while the head node's GCS does not
 answer (issue 32) it waits, and on a proxy's or a replica's event loop one such wait
-stops every request that process serves. Measured before this module: with the head's
-Ray processes killed, a worker node's listener answered no request at all, because each
-request to a replica whose handle was not cached looked it up on the loop.
+stops every request that process serves. Seen here before this module (py-spy, the
+head's Ray processes killed): a worker node's proxy sat in ``ray.get_actor`` on its event
+loop, for a replica whose handle it had not cached, with every request it held.
 
 ``ActorLookup`` runs lookups on a small thread pool of its own (a lookup that waits there
 holds up no other work), one per name at a time (a thousand requests for one uncached
@@ -24,7 +24,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-LOOKUP_WAIT_S = 2.0  # a caller's longest wait; Ray answers a named lookup in ~1 ms
+LOOKUP_WAIT_S = 2.0  # a caller's longest wait for a lookup the GCS answers at once
 _POOL: list[ThreadPoolExecutor] = []  # one per process, made on first use
 
 

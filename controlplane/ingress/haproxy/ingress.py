@@ -65,6 +65,7 @@ class HAProxyIngress(Listener):
         take_control_priority("haproxy ingress")  # before HAProxy starts: it inherits it
         self._settings = Settings.from_dict(settings)
         self._http = http
+        self._actors = ActorLookup(self._settings.namespace, cache=False)  # off the loop
         node_id = ray.get_runtime_context().get_node_id()
         self._process = HAProxyProcess(Paths(runtime_dir(self._settings.namespace, node_id)))
         # stopped even when ready failed midway: a started HAProxy would hold the port
@@ -111,8 +112,8 @@ class HAProxyIngress(Listener):
 
     async def _controller_health(self) -> dict:
         """For /metrics scrapes: looked up off the event loop (``actor_lookup``)."""
-        lookup = ActorLookup(self._settings.namespace, cache=False)
-        return await (await lookup.get(self._settings.controller_name)).health.remote()
+        controller = await self._actors.get(self._settings.controller_name)
+        return await controller.health.remote()
 
     def _start(self) -> None:
         if self._process.adopt():
