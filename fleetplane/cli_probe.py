@@ -14,8 +14,13 @@ walking every pod. Run inside a node's pod:
   (fleetplane's, ``controlplane.serve_facade``), with Ray's token from
   ``RAY_AUTH_TOKEN``/``RAY_AUTH_TOKEN_PATH``/``~/.ray/auth_token`` when there is one.
 
-Exit 0 (ok) or 1 (not), one line of why; each check gives up after ``--timeout-s``
-(0.4 s by default, so both answer within a second). Needs no Ray import and no driver.
+Exit 0 (ok) or 1 (not), one line of why. The raylet check gives up after
+``--raylet-timeout-s`` (1.5 s): while the head node's GCS does not answer, Ray's agent
+answers it "success" (a silent GCS is not the raylet's failure) but only after its own GCS
+call fails, about 1 s later (measured here); a shorter wait would fail every worker's
+probes through a head restart, and Kubernetes would take every worker out of its Service,
+then restart them. The listener's check gives up after ``--timeout-s`` (0.4 s): both
+answer within 2 s. Needs no Ray import and no driver.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import urllib.request
 
 EXIT_OK, EXIT_NOT = 0, 1
 AGENT_PORT = 52365  # Ray's default dashboard agent port (ray start --dashboard-agent-listen-port)
+RAYLET_TIMEOUT_S = 1.5
 
 
 def add_probe_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -43,7 +49,11 @@ def add_probe_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                    help="this is the head node: readiness is liveness alone")
     p.add_argument("--serve-api", metavar="URL", help="readiness: also require Serve's "
                    "REST API at URL to answer with a controller (a RayService's head)")
-    p.add_argument("--timeout-s", type=float, default=0.4, help="per check (default 0.4)")
+    p.add_argument("--timeout-s", type=float, default=0.4,
+                   help="the listener's and Serve API's check (default 0.4)")
+    p.add_argument("--raylet-timeout-s", type=float, default=RAYLET_TIMEOUT_S,
+                   help=f"the raylet's check (default {RAYLET_TIMEOUT_S:g}: Ray's agent "
+                   "answers it in about 1 s while the head's GCS is down)")
     return p
 
 
@@ -84,7 +94,7 @@ def check_serve_api(base: str, timeout_s: float) -> str:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     raylet = check_url(f"http://{args.host}:{args.agent_port}/api/local_raylet_healthz",
-                    args.timeout_s)
+                       args.raylet_timeout_s)
     if raylet:
         print(f"not {'alive' if args.kind == 'liveness' else 'ready'}: raylet: {raylet}")
         return EXIT_NOT

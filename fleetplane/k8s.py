@@ -177,9 +177,9 @@ def _pod(image: str, port: int, head: bool = False, gpus: int = 0,
         # KubeRay's Serve Service targets the port named "serve"
         "ports": [{"name": "serve" if rayservice else "http", "containerPort": port}],
         "livenessProbe": {**_exec("fleetplane", "probe", "liveness"), "initialDelaySeconds": 30,
-                          "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 120},
+                          "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 120},
         "readinessProbe": {**_exec(*readiness, *(["--head"] if head else [])),
-                           "initialDelaySeconds": 10, "periodSeconds": 5, "timeoutSeconds": 2,
+                           "initialDelaySeconds": 10, "periodSeconds": 5, "timeoutSeconds": 3,
                            "failureThreshold": 1 if not head else 10},
         "lifecycle": {"preStop": _exec(
             "/bin/sh", "-c",
