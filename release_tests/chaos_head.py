@@ -15,6 +15,7 @@ Its recovery time counts from the kill, the time down included.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,9 @@ def _fleetplane(*args: str, timeout_s: float = 300) -> subprocess.CompletedProce
 
 
 def start_cluster() -> None:
-    """The 3-node cluster with Redis, recorded in ``FLEETPLANE_STATE_DIR`` (set first)."""
+    """The 3-node cluster with Redis, recorded in ``FLEETPLANE_STATE_DIR`` (set first).
+    Its head turns Ray's token authentication on: every process that joins says so."""
+    os.environ["RAY_AUTH_MODE"] = "token"
     started = _fleetplane("start-local-cluster", "--nodes", "3", "--redis")
     if started.returncode != 0:
         raise SystemExit(f"start-local-cluster failed:\n{started.stdout}{started.stderr}")
