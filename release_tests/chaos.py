@@ -192,7 +192,12 @@ def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path,
     if cluster:
         chaos_head.start_cluster()
         config = chaos_head.cluster_config(config)
-    runner = _start_instance(config, cluster)
+    try:
+        runner = _start_instance(config, cluster)
+    except BaseException:  # never leave the cluster behind (it holds the addresses)
+        if cluster:
+            chaos_head.stop_cluster()
+        raise
     load = Load(rate, url=chaos_head.URL if cluster else URL)
     load.start()
     kills: list[Kill] = []
