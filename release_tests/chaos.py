@@ -132,11 +132,12 @@ def _victim(kind: str, actors: dict[str, dict], rng: random.Random) -> str | Non
     return rng.choice(names) if names else None
 
 
-def _all_running(timeout_s: float) -> bool:
+def _all_running(timeout_s: float, gone: str = "", count: int = 0) -> bool:
     """``status`` (what ``fleetplane status --json`` prints, asked in this process: a new
     CLI process per poll costs seconds of start-up on a small machine, which the recovery
     time would include) answers with every replica RUNNING and every control actor
-    alive."""
+    alive; ``gone``: a killed replica's id, which must have left status (until the shard
+    hears of the death, status still shows it RUNNING), with ``count`` replicas again."""
     from controlplane.instance import Client
 
     client = Client()
@@ -151,7 +152,8 @@ def _all_running(timeout_s: float) -> bool:
                     for d in a["deployments"].values() for r in d["replicas"]]
             actors = status["controller"].get("actors", {}).values()
             if reps and all(r["state"] == "RUNNING" for r in reps) and all(
-                    a["alive"] for a in actors):
+                    a["alive"] for a in actors) and gone not in {r["replica_id"] for r in reps} \
+                    and len(reps) >= count:
                 return True
         time.sleep(0.25)
     return False
@@ -208,7 +210,9 @@ def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path,
             kills.append(_kill_one(rng, started, kinds))
             kill = kills[-1]
             t0 = started + kill.at_s
-            kill.recovered_s = time.monotonic() - t0 if _all_running(60) else None
+            gone = kill.name.removeprefix("fleetplane_replica::") if kill.kind == "replica" else ""
+            back = _all_running(60, gone, len(_BEFORE) if gone else 0)
+            kill.recovered_s = time.monotonic() - t0 if back else None
             time.sleep(1.0)  # requests sent right after recovery still count
             kill.sent, kill.failed, kill.failures = load.between(t0, time.monotonic())
             kill.replicas_restarted = _restarted(kill)
