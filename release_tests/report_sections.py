@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from release_tests import report_plots
+from release_tests.report_head_loss import render_head_loss
 from release_tests.report_llm import render_llm_autoscale, render_llm_routing
 from release_tests.report_tables import Where, fmt, table
 
@@ -309,5 +310,6 @@ RENDERERS: dict[str, Renderer] = {
     "node_churn": render_node_churn, "http_abuse": render_http_abuse,
     "retry_after_http": render_retry_after_http, "retry_after_eval": render_retry_after_eval,
     "llm_day": render_llm_day, "llm_routing": render_llm_routing,
-    "llm_autoscale": render_llm_autoscale,
+    "llm_autoscale": render_llm_autoscale, "head_loss": render_head_loss,
+    "head_loss_haproxy": render_head_loss, "head_loss_workers": render_head_loss,
 }
