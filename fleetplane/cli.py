@@ -257,6 +257,10 @@ def _stop(client, start: float, embedded: bool) -> None:
 
     for signum in _STOP_SIGNALS:  # a second signal must not cut the drain short
         signal.signal(signum, signal.SIG_IGN)
+    if not ray.is_initialized():  # stopped while joining again: Ray would start its own
+        _say(start, "stopped without draining: not connected to the cluster (its GCS did "
+             "not answer); `fleetplane shutdown --address ...` drains it")
+        return
     try:
         client.shutdown()
     except NoInstance:
