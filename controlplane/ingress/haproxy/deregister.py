@@ -41,9 +41,7 @@ class IngressDeregistrar:
                          joined: list[tuple[str, str]] = (), timeout_s: float = 5.0) -> None:
         """``joined``: replicas that started serving lately (id, address), added first
         where the routing long-poll has not brought them yet."""
-        # GCS calls, off the event loop: a GCS that does not answer must not stop the
-        # requests this stopping replica still finishes
-        targets = await asyncio.to_thread(self._haproxies)
+        targets = self._haproxies()
         answers = await asyncio.gather(
             *(asyncio.wait_for(t.deregister.remote(deployment, replica_id, list(joined)),
                                timeout_s)
