@@ -67,21 +67,29 @@ ASYMMETRIES = [
 ]
 
 
-def _wait_ready(url: str, timeout_s: float) -> None:
+def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
+    """True once ``url`` answers 200; False when the server's process ended first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             if urllib.request.urlopen(url, timeout=2).status == 200:
-                return
+                return True
         except OSError:
             pass
+        if proc.poll() is not None:
+            return False
         time.sleep(0.5)
     raise TimeoutError(f"{url} not answering after {timeout_s}s")
 
 
-def _start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env={**os.environ, **env})
+def _tail(log: Path, lines: int = 8) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, **env})
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -166,17 +174,25 @@ def command(system: dict) -> list[str]:
 
 
 def measure(system: dict, args: argparse.Namespace) -> dict:
-    """One run of one system: wrk's figures after a warm-up."""
+    """One run of one system: wrk's figures after a warm-up. A server whose process ends
+    before it answers is started once more (seen on this 2-core machine under the test
+    suite's parallel load: Ray's raylet gave up waiting for its agent's port file); the
+    second failure raises with the end of its log."""
     url = f"http://127.0.0.1:{system['port']}/noop"
-    # its own instance record: another `fleetplane run` on this machine is not disturbed
-    proc = _start(command(system), {**system["env"],
-                                    "FLEETPLANE_STATE_DIR": tempfile.mkdtemp(prefix="http_bench_")})
-    try:
-        _wait_ready(url, timeout_s=180)
-        _wrk(url, args.connections, args.warmup_s)  # warm-up, not recorded
-        return _wrk(url, args.connections, args.duration_s)
-    finally:
-        _stop(proc)
+    for attempt in (1, 2):
+        # its own instance record: another `fleetplane run` on this machine is not disturbed
+        state = Path(tempfile.mkdtemp(prefix="http_bench_"))
+        proc = _start(command(system), {**system["env"], "FLEETPLANE_STATE_DIR": str(state)},
+                      state / "server.log")
+        try:
+            if _wait_ready(url, proc, timeout_s=180):
+                _wrk(url, args.connections, args.warmup_s)  # warm-up, not recorded
+                return _wrk(url, args.connections, args.duration_s)
+        finally:
+            _stop(proc)
+        print(f"the server ended before answering (exit {proc.returncode}, attempt {attempt})"
+              f":\n{_tail(state / 'server.log')}", flush=True)
+    raise RuntimeError(f"{url}: the server ended before answering, twice")
 
 
 def _parser() -> argparse.ArgumentParser:
