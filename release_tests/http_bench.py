@@ -67,8 +67,8 @@ ASYMMETRIES = [
 ]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
-    """True once ``url`` answers 200; False when the server's process ended first."""
+def _wait_ready(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:
+    """True once ``url`` answers 200; False when ``proc`` (the server) ended first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -76,7 +76,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
                 return True
         except OSError:
             pass
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             return False
         time.sleep(0.5)
     raise TimeoutError(f"{url} not answering after {timeout_s}s")
@@ -86,8 +86,9 @@ def _tail(log: Path, lines: int = 8) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with open(log, "wb") as out:  # the child keeps its own descriptor
+def _start(cmd: list[str], env: dict[str, str], log: Path | None = None) -> subprocess.Popen:
+    """The server, in a session of its own; its output to ``log`` (else discarded)."""
+    with open(log or os.devnull, "wb") as out:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, **env})
 
@@ -185,7 +186,7 @@ def measure(system: dict, args: argparse.Namespace) -> dict:
         proc = _start(command(system), {**system["env"], "FLEETPLANE_STATE_DIR": str(state)},
                       state / "server.log")
         try:
-            if _wait_ready(url, proc, timeout_s=180):
+            if _wait_ready(url, 180, proc):
                 _wrk(url, args.connections, args.warmup_s)  # warm-up, not recorded
                 return _wrk(url, args.connections, args.duration_s)
         finally:
