@@ -10,32 +10,22 @@ have taken every worker out of its Service while their listeners served.
 from __future__ import annotations
 
 import argparse
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from fleetplane.cli_probe import EXIT_NOT, EXIT_OK, add_probe_parser, cmd_probe
+from tests.unit.http_fake import http_server
 
 AGENT_ANSWERS_AFTER_S = 0.8  # past the listener's 0.4 s wait, as Ray's agent then is
 
 
 def _server(delay_s: float) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            time.sleep(delay_s)  # the agent's GCS call failing (a socket wait: no fake clock)
-            self.send_response(200)
-            self.send_header("content-length", "7")
-            self.end_headers()
-            self.wfile.write(b"success")
-
-        def log_message(self, *_) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    def answer(request) -> tuple[int, bytes]:
+        time.sleep(delay_s)  # the agent's GCS call failing (a socket wait: no fake clock)
+        return 200, b"success"
+    return http_server(answer)
 
 
 @pytest.fixture

@@ -5,31 +5,20 @@ PUT, which waits for the head to be ready, never finds "no Serve" and starts a r
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from fleetplane.cli_probe import check_serve_api
+from tests.unit.http_fake import http_server
 
 
 def _server(body: dict, status: int = 200, seen: list | None = None) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if seen is not None:
-                seen.append(self.headers.get("authorization"))
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *_) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    def answer(request) -> tuple[int, bytes]:
+        if seen is not None:
+            seen.append(request.headers.get("authorization"))
+        return status, json.dumps(body).encode()
+    return http_server(answer)
 
 
 @pytest.fixture
