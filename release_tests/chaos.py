@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from release_tests import chaos_head
+from release_tests import chaos_head, local_cluster
 from release_tests.plot_data import timeline
 from release_tests.results import parse_args, record
 
@@ -192,13 +192,13 @@ def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path,
     os.environ["FLEETPLANE_STATE_DIR"] = tempfile.mkdtemp(prefix="chaos_")  # run inherits it
     cluster = "head" in kinds
     if cluster:
-        chaos_head.start_cluster()
+        local_cluster.start()
         config = chaos_head.cluster_config(config)
     try:
         runner = _start_instance(config, cluster)
     except BaseException:  # never leave the cluster behind (it holds the addresses)
         if cluster:
-            chaos_head.stop_cluster()
+            local_cluster.stop()
         raise
     load = Load(rate, url=chaos_head.URL if cluster else URL)
     load.start()
@@ -223,7 +223,7 @@ def run(duration_s: float, rate: float, seed: int, every_s: float, config: Path,
         runner.send_signal(signal.SIGINT)
         runner.wait(60)
         if cluster:
-            chaos_head.stop_cluster()
+            local_cluster.stop()
     return kills, load, started
 
 
@@ -238,7 +238,7 @@ def _kill_one(rng: random.Random, started: float, kinds: tuple[str, ...]) -> Kil
     if kind == "head":
         at_s = time.monotonic() - started
         chaos_head.kill_head()
-        return Kill(kind, f"head {chaos_head.ADDRESS}", at_s)
+        return Kill(kind, f"head {local_cluster.ADDRESS}", at_s)
     name = _victim(kind, actors, rng)
     if name is None:  # e.g. no node reporter yet: kill something that exists
         present = [k for k in kinds if k != "head" and _victim(k, actors, random.Random(0))]

@@ -15,36 +15,16 @@ Its recovery time counts from the kill, the time down included.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
-ADDRESS = "127.0.0.2:6379"
+from release_tests import local_cluster
+
 URL = "http://127.0.0.3:8011/chaos"  # a worker node's listener
 DOWN_S = 10.0
-RUN_ARGS = ("--address", ADDRESS, "--serve-api-port", "0")
-
-
-def _fleetplane(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fleetplane.cli", *args],
-                          capture_output=True, text=True, timeout=timeout_s)
-
-
-def start_cluster() -> None:
-    """The 3-node cluster with Redis, recorded in ``FLEETPLANE_STATE_DIR`` (set first).
-    Its head turns Ray's token authentication on: every process that joins says so."""
-    os.environ["RAY_AUTH_MODE"] = "token"
-    started = _fleetplane("start-local-cluster", "--nodes", "3", "--redis")
-    if started.returncode != 0:
-        raise SystemExit(f"start-local-cluster failed:\n{started.stdout}{started.stderr}")
-
-
-def stop_cluster() -> None:
-    _fleetplane("start-local-cluster", "--stop")
+RUN_ARGS = ("--address", local_cluster.ADDRESS, "--serve-api-port", "0")
 
 
 def cluster_config(config: Path) -> Path:
@@ -61,9 +41,8 @@ def kill_head() -> None:
     cluster again."""
     import ray
 
-    done = _fleetplane("start-local-cluster", "--restart-head", "--down-s", f"{DOWN_S:g}",
-                       timeout_s=DOWN_S + 200)
+    done = local_cluster.restart_head(DOWN_S)
     if done.returncode != 0:
         raise RuntimeError(f"the head did not come back:\n{done.stdout}{done.stderr}")
     ray.shutdown()
-    ray.init(address=ADDRESS, namespace="fleetplane", log_to_driver=False)
+    ray.init(address=local_cluster.ADDRESS, namespace="fleetplane", log_to_driver=False)

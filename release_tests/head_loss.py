@@ -31,17 +31,13 @@ import time
 from pathlib import Path
 
 from release_tests.head_loss_load import OpenLoop
+from release_tests.local_cluster import ADDRESS, fleetplane
+from release_tests import local_cluster
 from release_tests.machine import describe_line
 from release_tests.results import ROOT, folders, parse_args, record
 from release_tests.soak import serving
 
-ADDRESS = "127.0.0.2:6379"
 LISTENERS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
-
-
-def fleetplane(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fleetplane.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout_s)
 
 
 def status() -> dict | None:
@@ -114,8 +110,7 @@ def drill(args: argparse.Namespace, folder: Path) -> dict:
         load.start()
         time.sleep(5)
         load.phase("head down")
-        restart = fleetplane("start-local-cluster", "--restart-head", "--down-s",
-                             str(args.down_s), timeout_s=args.down_s + 200)
+        restart = local_cluster.restart_head(args.down_s)
         load.phase("head back")
         recovered_s = wait_until(lambda: healthy(st := status()) and set(
             r for r, n in before.items() if n != head_node) <= set(replicas(st)), 120)
@@ -164,15 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     folder = folders(args.smoke)[1] / "head_loss"
     folder.mkdir(parents=True, exist_ok=True)
     os.environ["FLEETPLANE_STATE_DIR"] = tempfile.mkdtemp(prefix="head_loss_state_")
-    os.environ["RAY_AUTH_MODE"] = "token"
-    started = fleetplane("start-local-cluster", "--nodes", "3", "--redis")
-    if started.returncode != 0:
-        print(started.stdout, started.stderr)
-        return 1
+    local_cluster.start()
     try:
         out = drill(args, folder)
     finally:
-        fleetplane("start-local-cluster", "--stop")
+        local_cluster.stop()
     return report(args, out, argv)
 
 
