@@ -251,6 +251,10 @@ class FleetplanePolicy:
         for rid in self.scaler.engines.reporting():  # left serving: forget (replica_moved)
             if rid not in serving_ids:
                 self.scaler.engines.forget(rid)
+        # each serving replica's load report (its requests), every second as replicas send
+        # them (metrics_report_interval_s 1), to the load window
+        self.scaler.serving_only(serving_ids)
+        self.scaler.record_loads([(r.replica_id, _load(r)) for r in serving], now)
         decision = self.scaler.decide(now, fleet.target, serving_ids,
                                       held=lambda _: fleet.router.demand().queued,
                                       start_s=fleet.board.start_s)

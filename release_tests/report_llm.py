@@ -76,7 +76,33 @@ def render_llm_autoscale(summary: dict, where: Where, name: str) -> list[str]:
     png = report_plots.timeline(ttft, where.plots / f"{name}_ttft.png", "hour of day",
                                 "TTFT p99 (s)", "TTFT p99 per hour")
     lines += where.image(png, "TTFT p99 per hour, per policy")
-    return lines
+    return lines + _by_seed(summary.get("by_seed") or {}, where, name)
+
+
+def _by_seed(by_seed: dict, where: Where, name: str) -> list[str]:
+    """Every row on every day drawn: a table and the cost-against-SLO plot."""
+    seeds = sorted({seed for days in by_seed.values() for seed in days}, key=int)
+    if len(seeds) < 2:
+        return []
+    rows = [{"system": system, **{f"seed {seed}": _day(days.get(seed)) for seed in seeds}}
+            for system, days in by_seed.items()]
+    lines = ["Each row on every day drawn (replica-seconds as a multiple of Serve's default "
+             "policy's that day / share of windows within the SLO / failed):", ""]
+    lines += table(rows)
+    points = {system: [(d["vs_serve"], d["slo_windows_met"]) for d in days.values()]
+              for system, days in by_seed.items()}
+    png = report_plots.scatter(points, where.plots / f"{name}_cost_slo.png",
+                               "replica-seconds / Serve default's (same day)",
+                               "share of windows within the TTFT SLO",
+                               "Cost against SLO, one point per day",
+                               hlines={"SLO bar 0.95": 0.95}, vlines={"cost bar 0.8": 0.8})
+    return lines + where.image(png, "cost against SLO per policy and day")
+
+
+def _day(day: dict | None) -> str:
+    if not day:
+        return ""
+    return f"{day['vs_serve']}x / {day['slo_windows_met']} / {day['failed']}"
 
 
 def _capacities(summary: dict) -> str:

@@ -106,6 +106,30 @@ def timeline(series: dict[str, list[tuple[float, float]]], path: Path, xlabel: s
     return _save(fig, path)
 
 
+def scatter(series: dict[str, list[tuple[float, float]]], path: Path, xlabel: str,
+            ylabel: str, title: str, hlines: dict[str, float] | None = None,
+            vlines: dict[str, float] | None = None) -> Path | None:
+    """Points per series (``{name: [(x, y), ...]}``), with labelled reference lines."""
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for name, points in series.items():
+        ax.scatter(*zip(*points), label=name, s=28, alpha=0.8)
+    for label, y in (hlines or {}).items():
+        ax.axhline(y, color="grey", linestyle="--", linewidth=0.8)
+        ax.annotate(label, (ax.get_xlim()[0], y), fontsize=7, va="bottom")
+    for label, x in (vlines or {}).items():
+        ax.axvline(x, color="grey", linestyle=":", linewidth=0.8)
+        ax.annotate(label, (x, ax.get_ylim()[0]), fontsize=7, rotation=90, ha="right")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def cdf(series: dict[str, list[list[float]]], path: Path, xlabel: str,
         title: str) -> Path | None:
     """Latency CDFs: ``{system: [[percentile, ms], ...]}``, one line per system (log x)."""

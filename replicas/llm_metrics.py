@@ -28,8 +28,13 @@ KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 # Time to first token, a histogram (its cumulative ``_bucket`` samples by ``le``): the LLM
 # autoscaling policy reads its p90 between two reads (``ttft_quantile``), never the check.
 TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+# A finished request's time in the RUNNING phase (holding a batch slot: prefill + decode),
+# a histogram whose _sum and _count give the mean between two reads (``slot_seconds``):
+# the LLM autoscaling policy sizes the fleet with it.
+INFERENCE_SUM = "vllm:request_inference_time_seconds_sum"
+INFERENCE_COUNT = "vllm:request_inference_time_seconds_count"
 _REQUIRED = (RUNNING, WAITING, STEPS)
-_SUMMED = (RUNNING, WAITING, STEPS, GENERATION_TOKENS)
+_SUMMED = (RUNNING, WAITING, STEPS, GENERATION_TOKENS, INFERENCE_SUM, INFERENCE_COUNT)
 
 
 class MetricsUnusable(Exception):
@@ -52,6 +57,9 @@ class MetricsSnapshot:
     kv_cache_usage: float | None = None  # the fullest engine's, 0-1; None when not served
     # cumulative TTFT counts by upper bound (summed over engines), ascending; () when absent
     ttft_buckets: tuple[tuple[float, float], ...] = ()
+    # finished requests' RUNNING time: seconds and count since the process started (0: absent)
+    inference_s: float = 0.0
+    inference_count: float = 0.0
 
     @property
     def requests_present(self) -> bool:
@@ -101,21 +109,40 @@ def parse_metrics(text: str, at_s: float) -> MetricsSnapshot:
     return MetricsSnapshot(at_s=at_s, running=sums[RUNNING], waiting=sums[WAITING],
                            steps=sums[STEPS], generation_tokens=sums.get(GENERATION_TOKENS, 0.0),
                            start_time_s=start_time, model_name=model_name,
-                           kv_cache_usage=kv_usage, ttft_buckets=tuple(sorted(ttft.items())))
+                           kv_cache_usage=kv_usage, ttft_buckets=tuple(sorted(ttft.items())),
+                           inference_s=sums.get(INFERENCE_SUM, 0.0),
+                           inference_count=sums.get(INFERENCE_COUNT, 0.0))
 
 
 def engine_stats(before: MetricsSnapshot | None, after: MetricsSnapshot,
                  slots: int) -> dict[str, float]:
     """One read, as the LLM autoscaling policy takes it (``record_autoscaling_stats``):
-    requests running and waiting, the engine's slots, KV-cache use where served, and the
-    TTFT p90 of the requests that got their first token since the read before."""
+    requests running and waiting, the engine's slots, KV-cache use where served, the
+    TTFT p90 of the requests that got their first token since the read before, and the
+    requests that finished since it (``finished``) with their mean time holding a slot
+    (``slot_s``)."""
     stats = {"running": after.running, "waiting": after.waiting, "slots": float(slots)}
     if after.kv_cache_usage is not None:
         stats["kv_cache_usage"] = after.kv_cache_usage
     p90 = ttft_quantile(before, after, 0.9)
     if p90 is not None:
         stats["ttft_p90_s"] = p90
+    slot = slot_seconds(before, after)
+    if slot is not None:
+        stats["finished"], stats["slot_s"] = slot
     return stats
+
+
+def slot_seconds(before: MetricsSnapshot | None,
+                 after: MetricsSnapshot) -> tuple[float, float] | None:
+    """(requests finished, their mean seconds in the RUNNING phase) between two reads of
+    one process; None when none finished (or the histogram is not served)."""
+    if before is None or not after.same_process_as(before):
+        return None
+    finished = after.inference_count - before.inference_count
+    if finished <= 0:
+        return None
+    return finished, max(0.0, after.inference_s - before.inference_s) / finished
 
 
 def ttft_quantile(before: MetricsSnapshot | None, after: MetricsSnapshot,

@@ -116,12 +116,19 @@ class LLMScalingConfig(BaseModel):
     model_config = _MODEL_CONFIG
 
     target_fill: Fraction = Field(
-        0.75, description="(running + waiting) per replica as a fraction of its engine's "
-        "slots (max_num_seqs).")
+        0.75, description="The most of its engine's slots (max_num_seqs) a replica is "
+        "planned to fill, (running + waiting) / slots: the count before the time a request "
+        "holds a slot is measured, a floor on it after.")
     kv_cache_high: Fraction = Field(
         0.9, description="KV-cache use that, with requests waiting, asks for a replica.")
     ttft_target_s: PeriodSeconds | None = Field(
-        None, description="An engine's TTFT p90 above this asks for a replica; None: off.")
+        10.0, description="The time to first token the fleet is sized for: replicas "
+        "enough that at most 1 request in 1,000 would wait longer for a slot (Erlang C on "
+        "the demand and the measured time a request holds a slot); an engine's TTFT p90 "
+        "above it asks for one more. None: sized by target_fill alone.")
+    surge: float = Field(
+        0.0, ge=0.0, le=10.0, description="Headroom for bursts that outrun a replica's "
+        "start: sized for the demand's level x (1 + surge); 1.0 holds a doubling.")
     waiting_high: PeriodSeconds | None = Field(
         None, description="Requests waiting for an engine slot (all engines) that ask for "
         "a replica beyond the demand's count; None: off.")

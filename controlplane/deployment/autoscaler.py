@@ -23,8 +23,7 @@ from controlplane.config.schema import AutoscalingConfig
 from controlplane.deployment.autoscaling import (AutoscalingPolicy, MetricWindow,
                                                  ScalingDecision, ScalingState,
                                                  WindowStatistics, decide, decide_count)
-from controlplane.deployment.llm_scaling import (SLOPE_OVER_S, DemandTrend, EngineBoard,
-                                                 llm_desired)
+from controlplane.deployment.llm_scaling import DemandTrend, EngineBoard, llm_desired
 from controlplane.deployment.lifecycle import SERVING_STATES, TERMINAL_STATES
 from controlplane.deployment.replica_set import Moved
 
@@ -59,7 +58,7 @@ class Autoscaler:
                                                      if k in known})
         if old is None or old.look_back_period_s != self.policy.look_back_period_s:
             self._window = MetricWindow(look_back_period_s=self.policy.look_back_period_s)
-            self._trend = DemandTrend(self.policy.look_back_period_s, SLOPE_OVER_S)
+            self._trend = DemandTrend()
 
     # ---- loads -------------------------------------------------------------------------
     def replica_moved(self, moved: Moved) -> None:
@@ -73,6 +72,12 @@ class Autoscaler:
                 self._window.include(moved.replica_id)
             else:
                 self._window.exclude(moved.replica_id)
+
+    def serving_only(self, replica_ids: Iterable[str]) -> None:
+        """Exactly these replicas serve now: O(known + given), for a caller that hears no
+        lifecycle events (``release_tests.llm_autoscale_sim``); the shard uses
+        ``replica_moved``."""
+        self._window.include_only(replica_ids)
 
     def record_load(self, replica_id: str, load: int, now: float) -> None:
         self._window.record_load(replica_id, load, now)
@@ -99,11 +104,11 @@ class Autoscaler:
         ``held``: the requests the routers hold now; a deployment that scales to zero
         counts them as load (read only then), so the first request at zero wakes it."""
         self._next_at = now + DECIDE_EVERY_S
-        if self.policy.llm is not None:
-            return self._kept(self._decide_llm(now, target, held, start_s), target)
         window = self._window
         if not window.membership_known:
             window.include_only(serving)
+        if self.policy.llm is not None:
+            return self._kept(self._decide_llm(now, target, held, start_s), target)
         load = window.average_load(now)
         if self.policy.min_replicas == 0 and held is not None:
             waiting = held(now)
@@ -117,12 +122,13 @@ class Autoscaler:
 
     def _decide_llm(self, now: float, target: int, held: Callable[[float], int] | None,
                     start_s: float | None) -> ScalingDecision:
-        """``llm_scaling``'s count from the engines' signals, through the same delays.
-        With no engine reporting and nothing held, nothing is known: the target stays
-        (replicas still loading are not scaled away for want of stats)."""
+        """``llm_scaling``'s count from the replicas' loads and the engines' signals,
+        through the same delays. With no engine reporting and nothing held, nothing is
+        known: the target stays (replicas still loading are not scaled away for want of
+        stats)."""
         policy = self.policy
         held_now = held(now) if held is not None and policy.min_replicas == 0 else 0
-        signals = self.engines.signals(now, held_now)
+        signals = self.engines.signals(now, held_now, self._window.average_load(now))
         trend = self._trend.add(now, signals.demand)
         current = policy.clamp(target)
         if not signals.engines and not held_now:

@@ -10,19 +10,33 @@ This policy takes exactly what the LLM health check already reads from each engi
 Owns:
 
 - ``EngineBoard``: per deployment, each serving replica's latest engine stats and their
-  running sums, kept per report (O(1)), so a decision never walks the replicas;
-- ``llm_desired``: the pure decision of how many replicas the engines' demand needs:
+  running sums, kept per report (O(1)), so a decision never walks the replicas; and the
+  mean time a request holds a slot (``slot_s``: vLLM's
+  ``vllm:request_inference_time_seconds``, its finished requests' time RUNNING), decayed
+  over reports;
+- ``DemandTrend``: the demand, one sample per decision: its level (an exponential mean
+  over ``LEVEL_OVER_S``) and its growth (a least-squares slope over ``SLOPE_OVER_S``);
+- ``llm_desired``: the pure decision of how many replicas the demand needs:
 
-  * demand = running + waiting at the engines + requests held by the routers (a
-    deployment at zero has no engine: its held requests are its demand);
-  * needed = ceil(projected demand / (slots x ``target_fill``)); near capacity (demand
-    over ``DOWN_BAND`` of it) the projection adds the demand's growth over one measured
-    start time (a replica that takes minutes to load is asked for early); elsewhere a
-    noisy slope would only reset a downscale's delay;
+  * demand = the requests at the replicas (their load reports, each second, averaged over
+    the look-back; the engines' running + waiting where none came) + requests held by the
+    routers (a deployment at zero has no engine: its held requests are its demand);
+  * needed = the fewest replicas for which at most ``LATE_SHARE`` of requests would wait
+    longer than ``ttft_target_s`` for a slot (``erlang.engines_for``, on the demand's
+    level and the measured ``slot_s``), and at least ceil(level / (slots x
+    ``target_fill``)) (the only rule until ``slot_s`` is measured); near capacity the level
+    adds its growth over one measured start time (a replica that takes minutes to load is
+    asked for early); elsewhere a noisy slope would only reset a downscale's delay;
   * pressure (requests waiting while the KV cache is over ``kv_cache_high``, or an
     engine's TTFT p90 over ``ttft_target_s``) asks for one more than serve now;
-  * down: only at a fill ``DOWN_BAND`` lower (hysteresis), never below the replicas
-    the running streams need (ceil(running / slots)), to zero only with no demand at all.
+  * never below the replicas the running streams need (ceil(running / slots)), to zero
+    only with no demand at all.
+
+Why a level and a bound, not a fill: a fixed fill (Serve's ``target_ongoing_requests``) is
+too little headroom for a few engines and too much for many (``erlang``), and scaling on
+each second's demand follows every Poisson peak up and holds it for the downscale delay.
+On the day trace (``release_tests.llm_autoscale``) the fill rule (0.75, the look-back's
+peak, a 0.8 band to go down) held a fleet 36% busy and started 119 replicas a day.
 
 Invariants: starting replicas count in the current target, and the decision is an
 absolute count from demand, so a demand that holds while a slow replica loads does not
@@ -37,12 +51,29 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
-DOWN_BAND = 0.8  # scale down only to a count that would be <= 80% of the target fill
+from controlplane.deployment.erlang import engines_for
+
+NEAR_CAPACITY = 0.8  # the growth counts once the level is over 80% of what serves it
 STALE_AFTER_S = 120.0  # an engine's stats older than this no longer count
 # The demand's growth is fitted over this long (or the look-back, if longer): about one
 # large model's start, and long enough that the 40 s steps of the engines' stats do not
 # read as a surge.
 SLOPE_OVER_S = 300.0
+# The level's time constant: two minutes of Poisson arrivals at a few a second average
+# out, a morning ramp's hour does not (on the day trace 60 s started 69 replicas, 120 s
+# 42-55, 300 s 25-39 and answered bursts later).
+LEVEL_OVER_S = 120.0
+# The share of requests allowed to wait longer than ttft_target_s for a slot, were the
+# engines one queue: ten times under a p99, since each engine queues its own requests
+# (routers place by queue length, not perfectly) and the demand is an estimate.
+LATE_SHARE = 0.001
+# Past this many busy slots the count is the fill rule's (target_fill 0.75 asks for more
+# than Erlang C well before it), and the O(slots) recursion is not run each second.
+ERLANG_MAX_LOAD = 4096.0
+# A level under this many busy slots with no request now is idle (an exponential mean
+# reaches 0 only in the limit): to zero after downscale_to_zero_delay_s of it.
+IDLE_LEVEL = 0.05
+SLOT_DECAY = 0.95  # per report: the slot time's running sums forget the old
 _TOLERANCE = 1e-9
 
 
@@ -50,10 +81,11 @@ _TOLERANCE = 1e-9
 class LLMScaling:
     """``autoscaling_config.llm``: the policy's own settings (the schema checks them)."""
 
-    target_fill: float = 0.75  # (running + waiting) / slots each replica should carry
+    target_fill: float = 0.75  # the most of its slots a replica is planned to fill
     kv_cache_high: float = 0.9  # KV-cache use that, with requests waiting, is pressure
-    ttft_target_s: float | None = None  # an engine's TTFT p90 above this is pressure
+    ttft_target_s: float | None = 10.0  # sized for (Erlang C); a TTFT p90 over it is pressure
     waiting_high: float | None = None  # requests waiting for a slot (all engines): pressure
+    surge: float = 0.0  # sized for the level x (1 + surge): a burst faster than a start
 
 
 @dataclass(frozen=True)
@@ -67,10 +99,13 @@ class LLMSignals:
     kv_cache_usage: float | None  # the mean over engines that serve the gauge
     ttft_over: int  # engines whose last TTFT p90 was over the target
     held: int = 0  # requests the routers hold (a deployment at zero)
+    slot_s: float | None = None  # mean seconds a request holds a slot (None: not measured)
+    load: float | None = None  # the replicas' reported requests (None: the engines' count)
 
     @property
     def demand(self) -> float:
-        return self.running + self.waiting + self.held
+        at_replicas = self.running + self.waiting if self.load is None else self.load
+        return at_replicas + self.held
 
 
 class EngineBoard:
@@ -81,13 +116,19 @@ class EngineBoard:
         self._sums = [0.0, 0.0, 0.0, 0.0, 0]  # running, waiting, slots, kv, kv engines
         self._over = 0
         self.last_slots: float | None = None  # an engine's slots, kept through zero
+        self._slot_sums = [0.0, 0.0]  # decayed: finished x their mean slot time, finished
 
     def record(self, replica_id: str, stats: Mapping[str, float], now: float,
                ttft_target_s: float | None) -> None:
         """A replica's stats (``record_autoscaling_stats``); a malformed one raises
         ValueError and changes nothing."""
         row = _row(stats, ttft_target_s)
+        finished, slot_s = _slot_time(stats)
         self.last_slots = row[2]
+        if finished:
+            sums = self._slot_sums
+            sums[0] = sums[0] * SLOT_DECAY + finished * slot_s
+            sums[1] = sums[1] * SLOT_DECAY + finished
         self._remove(replica_id)
         self._stats[replica_id] = (row, now)
         self._add(row, +1)
@@ -100,7 +141,14 @@ class EngineBoard:
         """It stopped serving: its engine no longer counts."""
         self._remove(replica_id)
 
-    def signals(self, now: float, held: int = 0) -> LLMSignals:
+    @property
+    def slot_s(self) -> float | None:
+        """The mean time a request held a slot, recent reports weighing most; None before
+        any engine reported a finished request (kept through zero, as the slots are)."""
+        total, finished = self._slot_sums
+        return total / finished if finished > _TOLERANCE else None
+
+    def signals(self, now: float, held: int = 0, load: float | None = None) -> LLMSignals:
         """The sums now. Stale stats (a replica that stopped sending) are dropped here,
         at most one per call (each at O(1)), so a decision stays O(1). With no engine,
         slots are the last engine's (1 before any reported)."""
@@ -109,7 +157,8 @@ class EngineBoard:
         engines = len(self._stats)
         return LLMSignals(engines, running, waiting,
                           slots / engines if engines else (self.last_slots or 1.0),
-                          kv / kv_engines if kv_engines else None, self._over, held)
+                          kv / kv_engines if kv_engines else None, self._over, held,
+                          self.slot_s, load)
 
     def _add(self, row: tuple, sign: int) -> None:
         running, waiting, slots, kv, over = row
@@ -150,52 +199,61 @@ def _row(stats: Mapping[str, float], ttft_target_s: float | None) -> tuple:
     return running, waiting, slots, None if kv is None else float(kv), over
 
 
+def _slot_time(stats: Mapping[str, float]) -> tuple[float, float]:
+    """(requests finished, their mean slot seconds) of a report; (0, 0) without them."""
+    try:
+        finished, slot_s = float(stats.get("finished", 0.0)), float(stats.get("slot_s", 0.0))
+    except (TypeError, ValueError):
+        raise ValueError(f"engine stats' finished and slot_s must be numbers: "
+                         f"{dict(stats)!r}") from None
+    if not (finished >= 0 and slot_s >= 0):
+        raise ValueError(f"engine stats out of range: {dict(stats)!r}")
+    return finished, slot_s
+
+
 @dataclass(frozen=True)
 class Trend:
-    peak: float  # the highest demand within the look-back (what a downscale must hold)
+    level: float  # the demand's exponential mean over LEVEL_OVER_S (what is sized for)
     growth_per_s: float  # its least-squares slope, >= 0 (what a slow start must meet)
 
 
 class DemandTrend:
-    """The demand over the look-back, one sample per decision: its peak and its growth.
-    The slope is a least-squares fit over the window, not two points, so one Poisson
-    spike neither asks for replicas nor holds back a downscale. Its sums are kept per
-    sample (O(1) per decision); the peak is a monotonic deque (amortised O(1))."""
+    """The demand, one sample per decision: its level and its growth. The level is an
+    exponential mean (a Poisson peak moves it a little, an hour's ramp fully); the slope a
+    least-squares fit over its window, not two points. Both O(1) per decision."""
 
-    def __init__(self, look_back_s: float, slope_over_s: float = 0.0) -> None:
-        self._look_back_s = look_back_s  # the peak's window
-        self._slope_over_s = max(look_back_s, slope_over_s)  # the slope's (longer: smoother)
+    def __init__(self, slope_over_s: float = SLOPE_OVER_S,
+                 level_over_s: float = LEVEL_OVER_S) -> None:
+        self._slope_over_s = slope_over_s
+        self._level_over_s = level_over_s
         self._samples: deque[tuple[float, float]] = deque()
-        self._peaks: deque[tuple[float, float]] = deque()  # decreasing demands
         self._sums = [0.0, 0.0, 0.0, 0.0]  # t, d, t*t, t*d (t relative to the origin)
         self._origin: float | None = None
+        self._level: float | None = None
+        self._at = 0.0
 
     def add(self, now: float, demand: float) -> Trend:
         if self._origin is None:
-            self._origin = now
+            self._origin, self._level, self._at = now, demand, now
+        weight = 1.0 - math.exp(-max(0.0, now - self._at) / self._level_over_s)
+        self._level += weight * (demand - self._level)
+        self._at = now
         self._push(now, demand)
         while self._samples and now - self._samples[0][0] > self._slope_over_s:
             self._pop()
-        while self._peaks and now - self._peaks[0][0] > self._look_back_s:
-            self._peaks.popleft()
-        return Trend(self._peaks[0][1], self._slope())
+        return Trend(self._level, self._slope())
 
     def _push(self, now: float, demand: float) -> None:
         t = now - self._origin
         self._samples.append((now, demand))
         for i, v in enumerate((t, demand, t * t, t * demand)):
             self._sums[i] += v
-        while self._peaks and self._peaks[-1][1] <= demand:
-            self._peaks.pop()
-        self._peaks.append((now, demand))
 
     def _pop(self) -> None:
         at, demand = self._samples.popleft()
         t = at - self._origin
         for i, v in enumerate((t, demand, t * t, t * demand)):
             self._sums[i] -= v
-        if self._peaks and self._peaks[0][0] <= at:
-            self._peaks.popleft()
 
     def _slope(self) -> float:
         n = len(self._samples)
@@ -209,23 +267,21 @@ class DemandTrend:
 def llm_desired(scaling: LLMScaling, signals: LLMSignals, current: int, min_replicas: int,
                 max_replicas: int, trend: Trend | None = None,
                 start_s: float | None = None) -> tuple[int, str]:
-    """How many replicas the engines' demand needs now, and why (before any delay).
-    Up: the demand now plus its growth over one measured start. Down: only to what the
-    look-back's peak needs at a ``DOWN_BAND`` lower fill (the growth never holds a
-    downscale back, and one quiet read does not start one)."""
-    per_replica = max(_TOLERANCE, signals.slots * scaling.target_fill)
+    """How many replicas the demand needs now, and why (before any delay): sized for the
+    demand's level (``trend``; the demand now without one, or with no engine serving),
+    plus its growth over one measured start once near capacity."""
+    level = trend.level if trend is not None and signals.engines else signals.demand
+    if level < IDLE_LEVEL and not signals.demand:
+        level = 0.0
+    level *= 1.0 + scaling.surge
+    projected, why = level, f"demand {signals.demand:g} (level {level:.3g}, " + \
+        f"running {signals.running:g}, waiting {signals.waiting:g}, held {signals.held})"
     growth = trend.growth_per_s if trend is not None else 0.0
-    projected = signals.demand
-    if signals.demand >= current * per_replica * DOWN_BAND:  # near capacity: look ahead
-        projected += growth * (start_s or 0.0)
-    needed = math.ceil(projected / per_replica - _TOLERANCE)
-    why = (f"demand {signals.demand:g} (running {signals.running:g}, waiting "
-           f"{signals.waiting:g}, held {signals.held}) over {per_replica:g} per replica")
-    if projected > signals.demand:
+    if growth and start_s and level >= current * signals.slots * NEAR_CAPACITY:
+        projected += growth * start_s
         why += f", {projected:.3g} in one start ({start_s:g}s)"
-    if needed <= current:  # not up: down only to what the window's peak needs, banded
-        peak = max(signals.demand, trend.peak if trend is not None else 0.0)
-        needed = min(current, math.ceil(peak / (per_replica * DOWN_BAND) - _TOLERANCE))
+    needed, sized = _sized(scaling, signals, projected, max(1, max_replicas))
+    why += f": {sized}"
     pressure = _pressure(scaling, signals)
     if pressure:
         needed = max(needed, signals.engines + 1)
@@ -233,6 +289,22 @@ def llm_desired(scaling: LLMScaling, signals: LLMSignals, current: int, min_repl
     streams = math.ceil(signals.running / max(1.0, signals.slots) - _TOLERANCE)
     needed = max(needed, streams, 1 if signals.demand > 0 else 0)
     return max(min_replicas, min(max_replicas, needed)), why
+
+
+def _sized(scaling: LLMScaling, signals: LLMSignals, load: float,
+           most: int) -> tuple[int, str]:
+    """The replicas ``load`` busy slots need: Erlang C on the measured slot time, at least
+    the target fill's count."""
+    slots = signals.slots
+    by_fill = math.ceil(load / max(_TOLERANCE, slots * scaling.target_fill) - _TOLERANCE)
+    slot_s, wait_s = signals.slot_s, scaling.ttft_target_s
+    if load <= 0 or slot_s is None or wait_s is None or load > ERLANG_MAX_LOAD \
+            or by_fill >= most:
+        return by_fill, f"{by_fill} at fill {scaling.target_fill:g} of {slots:g} slots"
+    n = engines_for(load, max(1, round(slots)), max(slot_s, _TOLERANCE), wait_s, LATE_SHARE,
+                    by_fill, most)
+    return n, (f"{n} for <= {LATE_SHARE:g} waiting over {wait_s:g}s ({slots:g} slots, "
+               f"{slot_s:.3g}s a request)")
 
 
 def _pressure(scaling: LLMScaling, signals: LLMSignals) -> str:

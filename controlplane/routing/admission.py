@@ -16,6 +16,7 @@ hears none, so it computes ``arrival_aware``, as a router does without a fresh t
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from typing import Callable
@@ -37,6 +38,9 @@ class RetryAdvisor:
         self._cluster: ClusterDemand | None = None  # cluster_informed: the shard's total
         self._cluster_at = -math.inf
         self.last_s: int | None = None  # the last value told, for statistics
+        # when each request told to come back from zero is due back (a heap): demand
+        # until then (its deployment must wake for it as for one held)
+        self._returning: list[float] = []
 
     def heard_total(self, demand: ClusterDemand, now: float) -> None:
         """The owning shard published the deployment's total (a new one restarts its age)."""
@@ -53,7 +57,7 @@ class RetryAdvisor:
         return max(0.0, cluster.scaleup_eta_s - (now - self._cluster_at))
 
     def reject_cold(self, config: RoutingConfig, eta_s: float | None, held_s: float,
-                    queued: int) -> BackpressureError:
+                    queued: int, now: float) -> BackpressureError:
         """A request at a deployment with no replica yet: told when to come back: half a
         hold before the replica is expected (a start runs longer or shorter than the
         measured average; back a little early, the request is held until the replica
@@ -63,6 +67,7 @@ class RetryAdvisor:
         due = eta_s - hold / 2 if eta_s is not None else hold / 4
         value = max(1, math.ceil(due))
         self.last_s = value
+        heapq.heappush(self._returning, now + value)
         waited = f"waited {held_s:.0f} s; " if held_s > 0 else ""
         return BackpressureError(
             config.status_code, value,
@@ -70,8 +75,15 @@ class RetryAdvisor:
             f"{queued} requests waiting for it); retry after {value} s")
 
     def demand(self, queued: int, now: float) -> RouterDemand:
-        """What this point reports toward the total (``demand_board``)."""
-        return RouterDemand(queued, self.drain.rate_per_s(now) or 0.0,
+        """What this point reports toward the total (``demand_board``): its queued
+        requests and those it told to come back from zero that are not due yet (a
+        deployment at zero that counted only the held would size its wake for the few
+        that arrived since the last hint; on the day trace it woke with one replica for
+        thirteen requests)."""
+        returning = self._returning
+        while returning and returning[0] <= now:
+            heapq.heappop(returning)
+        return RouterDemand(queued + len(returning), self.drain.rate_per_s(now) or 0.0,
                             self.arrivals.rate_per_s(now) or 0.0)
 
     def reject(self, config: RoutingConfig, queued: int, occupancy: float,

@@ -234,7 +234,7 @@ class Router:
         eta = self._retry.cold_eta_s(start)
         if eta is not None and eta > config.cold_hold_s:
             self._counts.hinted += 1
-            raise self._retry.reject_cold(config, eta, 0.0, self._queued)
+            raise self._retry.reject_cold(config, eta, 0.0, self._queued, start)
         self._counts.held += 1
         try:
             return await asyncio.wait_for(self._enqueue(front=False), config.cold_hold_s)
@@ -242,7 +242,7 @@ class Router:
             now = self._clock.monotonic()
             self._counts.hinted += 1
             raise self._retry.reject_cold(config, self._retry.cold_eta_s(now), now - start,
-                                          self._queued) from None
+                                          self._queued, now) from None
 
     def _enqueue(self, front: bool) -> asyncio.Future[ReplicaInfo]:
         """Queue a waiter; returns an awaitable that yields a reserved replica."""

@@ -8,8 +8,9 @@ The metrics are rendered by prometheus_client in vLLM's real names and labels
 the same from 0.11 to 0.32, the newest read): ``vllm:num_requests_running``/``_waiting``
 gauges, the ``vllm:generation_tokens`` and ``vllm:prompt_tokens`` counters (``_total`` when
 exposed), the ``vllm:iteration_tokens_total`` histogram (its ``_count`` is engine steps), the
-``vllm:time_to_first_token_seconds`` histogram (vLLM's buckets) and
-``process_start_time_seconds``, left out when the engine plays vLLM with several API servers.
+``vllm:time_to_first_token_seconds`` and ``vllm:request_inference_time_seconds`` (a
+finished request's time in the RUNNING phase: holding a slot) histograms (vLLM's buckets)
+and ``process_start_time_seconds``, left out when the engine plays vLLM with several API servers.
 
 A request first spends ``prefill_steps`` steps reading its prompt (steps, no output tokens),
 then makes one output token per step until ``max_tokens``. With ``prefill_tokens_per_step``
@@ -45,6 +46,9 @@ BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # vLLM's vllm:time_to_first_token_seconds buckets (vllm/v1/metrics, unchanged since 0.8)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+# vLLM's request_latency_buckets (vllm/v1/metrics/loggers.py), for the request-time histograms
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
 @dataclass(eq=False)
@@ -59,6 +63,7 @@ class SimRequest:
     prompt_left: int = 0               # token mode: tokens still to read (set when scheduled)
     blocks: tuple[int, ...] = ()       # token mode: the prompt's block keys
     submitted_at: float = 0.0          # wall time it arrived (its TTFT counts from here)
+    scheduled_at: float = 0.0          # wall time it got a slot (RUNNING from here)
 
     @property
     def done(self) -> bool:
@@ -93,6 +98,8 @@ class SimEngine:
         self.bucket_counts = [0] * len(BUCKETS)  # per bucket, not cumulative
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)  # per bucket, the last is +Inf
         self.ttft_sum = 0.0
+        self.inference_counts = [0] * (len(REQUEST_BUCKETS) + 1)  # time in RUNNING, finished
+        self.inference_sum = 0.0
         self.generation_tokens = 0
         self.prompt_tokens = 0
         self.cache = PrefixCache(self.cache_blocks)  # a new process caches nothing
@@ -175,6 +182,7 @@ class SimEngine:
         if request.prompt_tokens:
             request.prompt_left = request.prompt_tokens - self.cache.lookup(
                 request.blocks, request.prompt_tokens)
+        request.scheduled_at = self._wall()
         self.running.append(request)
 
     def _read_prompt(self, request: SimRequest, tokens: int) -> None:
@@ -194,14 +202,15 @@ class SimEngine:
             self._observe_ttft(self._wall() - request.submitted_at)
         if request.done:
             self.running.remove(request)
+            seconds = self._wall() - request.scheduled_at
+            self.inference_sum += seconds
+            self.inference_counts[_index(REQUEST_BUCKETS, seconds)] += 1
             _finish(request)
         return 1
 
     def _observe_ttft(self, seconds: float) -> None:
         self.ttft_sum += seconds
-        index = next((i for i, bound in enumerate(TTFT_BUCKETS) if seconds <= bound),
-                     len(TTFT_BUCKETS))
-        self.ttft_counts[index] += 1
+        self.ttft_counts[_index(TTFT_BUCKETS, seconds)] += 1
 
     def set_fault(self, mode: str) -> None:
         if mode not in FAULTS:
@@ -242,6 +251,11 @@ def _finish(request: SimRequest) -> None:
         request.on_finish(request)
 
 
+def _index(bounds: tuple[float, ...], value: float) -> int:
+    """The bucket of ``value`` (len(bounds): +Inf)."""
+    return next((i for i, bound in enumerate(bounds) if value <= bound), len(bounds))
+
+
 def _bucket_index(tokens: int) -> int:
     for i, bound in enumerate(BUCKETS):
         if tokens <= bound:
@@ -270,7 +284,12 @@ class _Families:
                                      "Number of prefill tokens processed.", labels=names)
         prompt.add_metric(values, e.prompt_tokens)
         yield from (running, waiting, generation, prompt, self._iteration_tokens(names, values),
-                    self._ttft(names, values))
+                    _seconds("vllm:time_to_first_token_seconds", "Histogram of time to first "
+                             "token in seconds.", TTFT_BUCKETS, e.ttft_counts, e.ttft_sum,
+                             names, values),
+                    _seconds("vllm:request_inference_time_seconds", "Histogram of time spent "
+                             "in RUNNING phase for request.", REQUEST_BUCKETS,
+                             e.inference_counts, e.inference_sum, names, values))
         yield from self._cache_families(names, values)
         if e.publish_start_time:
             yield GaugeMetricFamily("process_start_time_seconds", "Start time of the process "
@@ -288,17 +307,6 @@ class _Families:
         hits.add_metric(values, self._e.cache.hits_tokens)
         return usage, queries, hits
 
-    def _ttft(self, names: list[str], values: list[str]) -> HistogramMetricFamily:
-        family = HistogramMetricFamily("vllm:time_to_first_token_seconds",
-                                       "Histogram of time to first token in seconds.",
-                                       labels=names)
-        cumulative, buckets = 0, []
-        for bound, count in zip((*map(str, TTFT_BUCKETS), "+Inf"), self._e.ttft_counts):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        family.add_metric(values, buckets, sum_value=self._e.ttft_sum)
-        return family
-
     def _iteration_tokens(self, names: list[str], values: list[str]) -> HistogramMetricFamily:
         family = HistogramMetricFamily("vllm:iteration_tokens_total",
                                        "Histogram of number of tokens per engine_step.",
@@ -310,3 +318,15 @@ class _Families:
         buckets.append(("+Inf", self._e.steps))
         family.add_metric(values, buckets, sum_value=self._e.iteration_tokens_sum)
         return family
+
+
+def _seconds(name: str, doc: str, bounds: tuple[float, ...], counts: list[int], total: float,
+             names: list[str], values: list[str]) -> HistogramMetricFamily:
+    """A histogram of seconds from per-bucket counts (the last is +Inf), as vLLM renders it."""
+    family = HistogramMetricFamily(name, doc, labels=names)
+    cumulative, buckets = 0, []
+    for bound, count in zip((*map(str, bounds), "+Inf"), counts):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    family.add_metric(values, buckets, sum_value=total)
+    return family

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from replicas.llm_metrics import MetricsSnapshot, MetricsUnusable, parse_metrics
+from replicas.llm_metrics import (MetricsSnapshot, MetricsUnusable, engine_stats,
+                                  parse_metrics, slot_seconds)
 from tests.llm_sim.engine import SimEngine
 
 # As vLLM prints it with two engines (data parallel) and several API servers: no
@@ -63,6 +64,40 @@ def test_reads_the_simulators_text_and_counts_prefill_as_steps_without_tokens():
         engine.step()
     s = parse_metrics(engine.metrics_text(), at_s=1.0)
     assert (s.running, s.steps, s.generation_tokens, s.start_time_s) == (1, 4, 0, 1234.0)
+
+
+# vLLM v1's histogram of a finished request's time RUNNING (vllm/v1/metrics/loggers.py)
+INFERENCE = """\
+# TYPE vllm:request_inference_time_seconds histogram
+vllm:request_inference_time_seconds_count{engine="0",model_name="qwen"} %s
+vllm:request_inference_time_seconds_sum{engine="0",model_name="qwen"} %s
+vllm:request_inference_time_seconds_count{engine="1",model_name="qwen"} 1.0
+vllm:request_inference_time_seconds_sum{engine="1",model_name="qwen"} 30.0
+"""
+
+
+def test_the_slot_time_is_the_mean_running_time_of_the_requests_finished_between_reads():
+    before = parse_metrics(TWO_ENGINES + INFERENCE % (4.0, 80.0), at_s=0)
+    after = parse_metrics(TWO_ENGINES + INFERENCE % (7.0, 146.0), at_s=40)
+    assert (after.inference_count, after.inference_s) == (8.0, 176.0)  # both engines
+    assert slot_seconds(before, after) == (3.0, 22.0)
+    stats = engine_stats(before, after, slots=4)
+    assert (stats["finished"], stats["slot_s"]) == (3.0, 22.0)
+    assert slot_seconds(after, after) is None  # none finished between
+    assert "slot_s" not in engine_stats(None, after, slots=4)  # a first read
+    plain = parse_metrics(TWO_ENGINES, at_s=0)  # not served: nothing measured, no error
+    assert plain.inference_count == 0 and slot_seconds(plain, plain) is None
+
+
+def test_the_simulator_serves_the_running_time_histogram():
+    clock = [0.0]
+    engine = SimEngine("m", slots=2, wall=lambda: clock[0])
+    before = parse_metrics(engine.metrics_text(), at_s=0)
+    engine.submit(max_tokens=3)
+    for _ in range(5):
+        clock[0] += 1.0
+        engine.step()  # scheduled at 1 s, tokens at 1, 2, 3: finished at 3 s
+    assert slot_seconds(before, parse_metrics(engine.metrics_text(), at_s=5)) == (1.0, 2.0)
 
 
 @pytest.mark.parametrize("text, missing", [
