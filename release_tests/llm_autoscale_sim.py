@@ -15,8 +15,11 @@ What is real and what is simulated (the asymmetries are the same for both system
   which the client honours), Serve's holds a request at zero until a replica runs, as
   Serve's handles do;
 - the policies, both real code: fleetplane's ``Autoscaler`` with ``autoscaling_config.llm``
-  fed the engines' stats at each health-check read (``VLLMServer``'s ``health_interval_s``)
-  and the routers' held requests; Serve 2.60's own default policy
+  fed each serving replica's load (its requests) every second, as replicas report it
+  (``metrics_report_interval_s`` 1), the engines' stats at each health-check read
+  (``VLLMServer``'s ``health_interval_s``: running, waiting, KV-cache use, TTFT, the time
+  finished requests held a slot) and the routers' held requests (and those told to come
+  back from zero, until due); Serve 2.60's own default policy
   (``ray.serve.autoscaling_policy``: ``replica_queue_length_autoscaling_policy`` under
   ``_apply_autoscaling_config``, the wrapping Serve's controller applies) fed
   ``total_num_requests`` averaged over ``look_back_period_s`` of (ongoing at replicas +
