@@ -92,8 +92,8 @@ def grid(fleet: SimFleet, ingress: str, args, results: dict, rows: list, capacit
 
 def ramp(fleet: SimFleet, ingress: str, args, results: dict, capacities: dict) -> dict:
     """Throughput within p2c's p99 at 0.8, per policy (shared prefix)."""
-    reference = results["shared_prefix"][ingress]["p2c"].get("0.8")
-    if reference is None or not args.ramp:
+    reference = results.get("shared_prefix", {}).get(ingress, {}).get("p2c", {}).get("0.8")
+    if reference is None or not args.ramp:  # (a run without shared prefix or p2c has none)
         return {}
     budget_ms, cap, out = reference["e2e_p99_ms"], capacities[("shared_prefix", ingress)], {}
     for policy in ("p2c", "prefix", "prefix_kv"):

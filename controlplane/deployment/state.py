@@ -335,9 +335,10 @@ class DeploymentState:
 
     def record_engine_stats(self, replica_id: str, stats: dict, now: float) -> None:
         """A serving replica's engine stats, for ``autoscaling_config.llm``; a malformed
-        one is logged and dropped."""
+        one is logged and dropped; an empty one (the replica's check has not read its
+        engine yet) says nothing."""
         record = self.book.get(replica_id)
-        if record is None or record.state not in SERVING_STATES:
+        if not stats or record is None or record.state not in SERVING_STATES:
             return
         try:
             self.autoscaler.record_engine_stats(replica_id, stats, now)
