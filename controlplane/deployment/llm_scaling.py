@@ -26,7 +26,9 @@ Owns:
     level and the measured ``slot_s``), and at least ceil(level / (slots x
     ``target_fill``)) (the only rule until ``slot_s`` is measured); near capacity the level
     adds its growth over one measured start time (a replica that takes minutes to load is
-    asked for early); elsewhere a noisy slope would only reset a downscale's delay;
+    asked for early); elsewhere a noisy slope would only reset a downscale's delay; the
+    replicas' reported requests ``JUMP_SIGMAS`` over the level are a surge, sized for at
+    once;
   * pressure (requests waiting while the KV cache is over ``kv_cache_high``, or an
     engine's TTFT p90 over ``ttft_target_s``) asks for one more than serve now;
   * never below the replicas the running streams need (ceil(running / slots)), to zero
@@ -70,6 +72,10 @@ LATE_SHARE = 0.001
 # Past this many busy slots the count is the fill rule's (target_fill 0.75 asks for more
 # than Erlang C well before it), and the O(slots) recursion is not run each second.
 ERLANG_MAX_LOAD = 4096.0
+# The replicas' reported requests (a look-back's average) this many standard deviations
+# over the level (requests in service are about Poisson: a variance of the level) are a
+# surge, not chance: sized for at once, where the mean would take minutes to follow.
+JUMP_SIGMAS = 3.0
 # A level under this many busy slots with no request now is idle (an exponential mean
 # reaches 0 only in the limit): to zero after downscale_to_zero_delay_s of it.
 IDLE_LEVEL = 0.05
@@ -271,6 +277,9 @@ def llm_desired(scaling: LLMScaling, signals: LLMSignals, current: int, min_repl
     demand's level (``trend``; the demand now without one, or with no engine serving),
     plus its growth over one measured start once near capacity."""
     level = trend.level if trend is not None and signals.engines else signals.demand
+    if signals.load is not None and signals.demand - level > JUMP_SIGMAS * math.sqrt(
+            max(level, 1.0)):
+        level = signals.demand  # a rise past chance: the new rate, not the mean's lag
     if level < IDLE_LEVEL and not signals.demand:
         level = 0.0
     level *= 1.0 + scaling.surge

@@ -110,6 +110,16 @@ def test_the_count_follows_the_level_not_the_last_read():
     assert llm_desired(SCALING, signals(running=1), 1, 0, 8, trend=idle)[0] == 1
 
 
+def test_reported_requests_far_over_the_level_are_sized_for_at_once():
+    level = Trend(level=9.0, growth_per_s=0.0)  # 3 sigmas over 9: 9 more
+    chance, _ = llm_desired(SCALING, signals(running=12, load=17.0), 3, 0, 12, trend=level)
+    surge, _ = llm_desired(SCALING, signals(running=12, load=19.0), 3, 0, 12, trend=level)
+    assert (chance, surge) == (3, 7)  # 9 / 3; 19 / 3
+    # an engine's single read is no evidence: only the replicas' averaged reports are
+    read, _ = llm_desired(SCALING, signals(running=19), 3, 0, 12, trend=level)
+    assert read == 5  # 19 running: the streams' floor, not a jump
+
+
 def test_the_level_is_an_exponential_mean_and_the_slope_a_least_squares_fit():
     trend = DemandTrend(slope_over_s=300.0, level_over_s=120.0)
     for t in range(31):
