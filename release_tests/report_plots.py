@@ -27,6 +27,15 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    """Axis labels, title, grid and legend, as every x-y plot here has them."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def scale(figures: dict[str, dict[str, dict]], path: Path) -> Path | None:
     """All work per 0.1 s period and the rolling replacement's, against N, per system."""
     panels = [("period_cpu_ms", "steady: all work per 0.1 s period (CPU ms)"),
@@ -98,11 +107,7 @@ def timeline(series: dict[str, list[tuple[float, float]]], path: Path, xlabel: s
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for name, points in series.items():
         ax.plot(*zip(*points), label=name, linewidth=1.2)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    _label(ax, xlabel, ylabel, title)
     return _save(fig, path)
 
 
@@ -122,11 +127,7 @@ def scatter(series: dict[str, list[tuple[float, float]]], path: Path, xlabel: st
     for label, x in (vlines or {}).items():
         ax.axvline(x, color="grey", linestyle=":", linewidth=0.8)
         ax.annotate(label, (x, ax.get_ylim()[0]), fontsize=7, rotation=90, ha="right")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    _label(ax, xlabel, ylabel, title)
     return _save(fig, path)
 
 
