@@ -1,5 +1,5 @@
-"""Assembles ``fleetplane status --json`` (its fields: README, "Status JSON") from shard
-reports.
+"""Assembles ``fleetplane status --json`` (its fields: ARCHITECTURE.md, "The status JSON,
+field by field") from shard reports.
 
 Application status folds its deployments' statuses: DEPLOY_FAILED if any failed,
 RUNNING when all are HEALTHY, DELETING while a removed application drains, UNHEALTHY if

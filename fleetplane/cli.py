@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     deploy.add_argument("--timeout-s", type=float, default=600.0)
     status = sub.add_parser("status", help="applications, deployments, replicas, controller")
     status.add_argument("--json", action="store_true",
-                        help="machine-readable JSON (its fields: README, 'Status JSON')")
+                        help="machine-readable JSON (its fields: ARCHITECTURE.md, 'The "
+                        "status JSON, field by field')")
     status.add_argument("--app", help="only this application")
     status.add_argument("--deployment", help="only deployments of this name")
     status.add_argument("--summary", action="store_true",
