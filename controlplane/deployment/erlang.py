@@ -29,8 +29,7 @@ def late_share(servers: int, load: float, slot_s: float, wait_s: float) -> float
         return 0.0
     if load >= servers:
         return 1.0
-    return _erlang_c(servers, load, _erlang_b(servers, load)) * math.exp(
-        -(servers - load) * wait_s / slot_s)
+    return _late(servers, load, _erlang_b(servers, load), slot_s, wait_s)
 
 
 def engines_for(load: float, slots: int, slot_s: float, wait_s: float, share: float,
@@ -46,8 +45,7 @@ def engines_for(load: float, slots: int, slot_s: float, wait_s: float, share: fl
             k += 1
             b = load * b / (k + load * b)
         c = n * slots
-        if load < c and _erlang_c(c, load, b) * math.exp(-(c - load) * wait_s / slot_s) \
-                <= share:
+        if load < c and _late(c, load, b, slot_s, wait_s) <= share:
             return n
     return most
 
@@ -59,6 +57,7 @@ def _erlang_b(servers: int, load: float) -> float:
     return b
 
 
-def _erlang_c(servers: int, load: float, b: float) -> float:
+def _late(servers: int, load: float, b: float, slot_s: float, wait_s: float) -> float:
+    """P(wait > ``wait_s``) from Erlang B's ``b`` for these servers (load under them)."""
     rho = load / servers
-    return b / (1.0 - rho * (1.0 - b))
+    return b / (1.0 - rho * (1.0 - b)) * math.exp(-(servers - load) * wait_s / slot_s)
