@@ -9,6 +9,10 @@ The fleet follows the nodes (``controller``'s ``NodeWatch``): a node that joins 
 listeners (``ensure`` again), a node that left is forgotten (its watch ended, its actors
 killed), and a draining node's listeners fail their readiness (``/-/healthz``) while they
 keep serving what they are sent; a listener Ray restarts on a draining node is told again.
+
+In haproxy mode the nodes' HAProxies are peers (their stick tables are one: sticky routing
+policies agree on every node): each is told every node's peer address whenever a node's
+HAProxy joins, leaves or is restarted (``_share_peers``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class ProxyFleet:
         self._proxies: dict[str, list[Any]] = {}  # node_id -> its listeners, by index
         self._addresses: dict[str, str] = {}  # node_id -> the URL its listeners serve
         self._draining: set[str] = set()
+        self._peers: dict[str, tuple[str, str]] = {}  # node_id -> its HAProxy's (name, address)
         self._lock = asyncio.Lock()  # a deploy and the node watch may both ensure
 
     def addresses(self) -> list[str]:
@@ -76,11 +81,34 @@ class ProxyFleet:
             for i, proxy in enumerate(proxies):
                 self._supervisor.watch(_watch_name(node_id, i), proxy,
                                        lambda n=node_id, p=proxy: self._recover(n, p))
+        if started:
+            await self._share_peers(list(started))
 
     async def _recover(self, node_id: str, proxy: Any) -> None:
         self._addresses[node_id] = await proxy.ready.remote()
         if node_id in self._draining:
             await proxy.set_draining.remote(True)
+        await self._share_peers([node_id])
+
+    async def _share_peers(self, learn: list[str]) -> None:
+        """haproxy mode: ask the nodes in ``learn`` for their peer address, then tell every
+        node's HAProxy the whole list (a node that does not answer keeps its last one)."""
+        if self._http is None or self._http.ingress != "haproxy":
+            return
+        asked = [n for n in learn if n in self._proxies]
+        answers = await asyncio.gather(*(self._proxies[n][0].peer.remote() for n in asked),
+                                       return_exceptions=True)
+        for node_id, answer in zip(asked, answers):
+            if isinstance(answer, BaseException):
+                logger.warning("node %s's HAProxy did not give its peer address: %r",
+                               node_id[:12], answer)
+            else:
+                self._peers[node_id] = (answer[0], answer[1])
+        peers = dict(self._peers.values())
+        told = await asyncio.gather(*(p[0].set_peers.remote(peers)
+                                      for p in self._proxies.values()), return_exceptions=True)
+        for error in (r for r in told if isinstance(r, BaseException)):
+            logger.warning("a node's HAProxy was not told its peers: %r", error)
 
     async def forget(self, node_ids: list[str]) -> None:
         """Nodes that left: end their watches and kill what may be left of their actors."""
@@ -88,6 +116,7 @@ class ProxyFleet:
             for node_id in node_ids:
                 proxies = self._proxies.pop(node_id, [])
                 self._addresses.pop(node_id, None)
+                self._peers.pop(node_id, None)
                 self._draining.discard(node_id)
                 for i, proxy in enumerate(proxies):
                     self._supervisor.unwatch(_watch_name(node_id, i))
@@ -95,6 +124,7 @@ class ProxyFleet:
                         ray.kill(proxy, no_restart=True)
                     except Exception:  # already gone with its node
                         pass
+            await self._share_peers([])
 
     async def set_draining(self, node_ids: set[str]) -> None:
         """The listeners of draining nodes fail readiness from now on (and those of a
@@ -161,6 +191,7 @@ class ProxyFleet:
         for proxy in proxies:
             ray.kill(proxy, no_restart=True)
         self._proxies, self._http, self._addresses, self._draining = {}, None, {}, set()
+        self._peers = {}
 
 
 def _watch_name(node_id: str, index: int) -> str:

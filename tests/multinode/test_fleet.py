@@ -190,3 +190,49 @@ def _drain_under_load(cluster) -> None:
         assert load.sent > 50 and load.failed == []
         head = str(cluster.agent_ports[HEAD_IP])
         assert probe("readiness", "--host", HEAD_IP, "--port", port, "--agent-port", head) == 0
+
+
+def test_every_nodes_haproxy_sends_a_conversation_to_the_replica_it_first_went_to(cluster):
+    """haproxy mode, the prefix policy: the nodes' HAProxies are peers, so a conversation
+    started through the head's goes on, through any node's, on the replica it reached."""
+    from controlplane.ingress.haproxy.config import Paths, backend_name
+    from controlplane.ingress.haproxy.ingress import runtime_dir
+    from controlplane.ingress.haproxy.process import HAProxyProcess
+
+    with cluster.own_instance("fleetplane_haproxy_peers", "haproxy") as instance:
+        affine = app("peers", "tests.integration.apps:Affine", num_replicas=4,
+                     request_router_config={"request_router_class": "prefix"})
+        affine["deployments"][0]["name"] = "Affine"
+        instance.deploy(affine)
+        wait_for(instance.client, lambda s: [r["state"] for r in s["applications"].get(
+            "peers", {}).get("deployments", {}).get("Affine", {}).get("replicas", [])] ==
+            ["RUNNING"] * 4, what="4 replicas")
+        ips = [HEAD_IP, "127.0.0.3", "127.0.0.4"]
+        for ip in ips:
+            serves(f"{instance.url(ip)}/-/healthz")
+        node_of = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        haproxies = {ip: HAProxyProcess(Paths(runtime_dir("fleetplane_haproxy_peers",
+                                                          node_of[ip]))) for ip in ips}
+
+        def keys(ip: str) -> int:
+            process = haproxies[ip]
+            head = process.on_worker(process.workers()[0],
+                                     f"show table {backend_name('peers/Affine')}")
+            return int(head.split("\n")[0].rsplit("used:", 1)[1])
+
+        def turn(ip: str, session: int, *later: str) -> int:
+            messages = [{"role": "system", "content": "you help"},
+                        {"role": "user", "content": f"session {session}"},
+                        *({"role": "user", "content": text} for text in later)]
+            answer = requests.post(f"{instance.url(ip)}/peers/v1/chat/completions",
+                                   json={"model": "m", "messages": messages}, timeout=10)
+            return answer.json()["pid"]
+
+        first = {i: turn(HEAD_IP, i) for i in range(12)}
+        assert len(set(first.values())) >= 3  # new conversations by load
+        deadline = time.monotonic() + 30
+        while not all(keys(ip) >= 12 for ip in ips):  # every node learnt them
+            assert time.monotonic() < deadline, {ip: keys(ip) for ip in ips}
+            time.sleep(0.1)
+        for i in range(12):
+            assert {turn(ip, i, "and then?") for ip in ips} == {first[i]}

@@ -146,3 +146,22 @@ def test_a_backend_that_scales_to_zero_has_the_cold_door_as_its_only_backup(tmp_
     assert f"    server cold unix@{paths.cold_socket} backup" in text
     assert text.count(" backup") == 1
     HAProxyProcess(paths).check(text)
+
+
+def test_an_adopting_manager_reads_back_the_replicas_and_not_the_servers_of_its_own(tmp_path):
+    """``servers()`` (what a restarted manager adopts) lists the replicas written in, not
+    /metrics' server or the cold-start door: those were once taken for replicas that left
+    and put in maint (an adopted HAProxy's /metrics then answered 503)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    web = backend_name("web/M")
+    haproxy = HAProxyProcess(Paths(tmp_path))
+    haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"},
+                         servers={web: {"r1": "127.0.0.1:4001"}}, cold={web}))
+    try:
+        assert haproxy.servers() == {web: {"r1": "127.0.0.1:4001"}}
+    finally:
+        haproxy.stop()

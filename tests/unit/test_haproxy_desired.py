@@ -6,6 +6,7 @@ from __future__ import annotations
 from controlplane.ingress.haproxy.desired import (EARLY_S, LateLeaving, Loaded, Wanted,
                                                   server_maxconn)
 from controlplane.ingress.haproxy.membership import backend_name, server_name
+from controlplane.ingress.haproxy.peers import PeerSet, peers_of
 from controlplane.wire import ReplicaInfo, RoutingUpdate
 
 WEB = backend_name("web/M")
@@ -100,3 +101,52 @@ def test_a_deployment_that_scales_to_zero_gets_the_cold_door_and_a_reload_when_t
     assert not loaded.differs(wanted)
     wanted.set_deployment("web/M", update("r1"))  # min_replicas raised above 0
     assert wanted.cold() == set() and loaded.differs(wanted)
+
+
+def test_the_peers_are_rendered_with_a_stick_table_and_a_change_of_them_reloads():
+    import dataclasses
+
+    peers = PeerSet("node_a")
+    peers.listen_on("127.0.0.1", config="peers fleetplane\n    peer node_a 10.0.0.1:7000\n")
+    wanted, loaded = Wanted(peers), Loaded()
+    wanted.routes = loaded.routes = {"/web": "web/M"}
+    wanted.set_deployment("web/M", update("r1"))
+    peers.set({"node_b": "10.0.0.2:7000"})
+    assert wanted.rendered_peers(wanted.balances()) is None  # p2c: no table, no peers
+    assert not loaded.differs(wanted)
+    wanted.set_deployment("web/M", dataclasses.replace(
+        update("r1"), request_router=(("name", "prefix"),)))
+    loaded.balances = wanted.balances()
+    assert loaded.differs(wanted)  # a table now: its peers are to be rendered
+    loaded.peers = wanted.rendered_peers(loaded.balances)
+    assert dict(loaded.peers.addresses) == {"node_a": "10.0.0.1:7000",
+                                            "node_b": "10.0.0.2:7000"}
+    assert not loaded.differs(wanted)
+    peers.set({"node_a": "10.9.9.9:1", "node_b": "10.0.0.2:7000", "node_c": "10.0.0.3:7000"})
+    assert loaded.differs(wanted)  # a node joined (its own entry is its own to keep)
+    assert dict(wanted.rendered_peers(loaded.balances).addresses)["node_a"] == "10.0.0.1:7000"
+
+
+def test_an_adopted_haproxy_keeps_its_peer_address_and_its_peers():
+    config = ("global\n    localpeer node_a\nbackend x\n    balance leastconn\n"
+              "peers fleetplane\n    peer node_a 10.0.0.1:7000\n    peer node_b 10.0.0.2:7001\n")
+    assert peers_of(config) == {"node_a": "10.0.0.1:7000", "node_b": "10.0.0.2:7001"}
+    adopted = PeerSet("node_a")
+    assert adopted.listen_on("10.0.0.1", config) == "10.0.0.1:7000"
+    assert dict(adopted.current().addresses) == peers_of(config)
+    fresh = PeerSet("node_a")
+    host, port = fresh.listen_on("127.0.0.1").rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0
+    assert dict(fresh.current().addresses) == {"node_a": fresh.address}
+
+
+def test_an_adopted_haproxy_keeps_every_server_until_the_routes_are_heard():
+    """A restarted manager's first sync may come before the routes' long-poll: unknown is
+    not empty (it once removed every server: 503s until they were added back)."""
+    loaded = {WEB: {server_name("r1"): "10.0.0.1:4000"}}
+    wanted = Wanted()
+    assert wanted.servers(loaded, now=0.0) == loaded
+    wanted.routes = {"/web": "web/M"}  # heard; the replica set not yet: kept too
+    assert wanted.servers(loaded, now=0.0) == loaded
+    wanted.set_deployment("web/M", update("r2"))
+    assert wanted.servers(loaded, now=0.0) == {WEB: {server_name("r2"): "10.0.0.1:4000"}}

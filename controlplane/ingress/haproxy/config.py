@@ -7,8 +7,9 @@ application route, servers added at run time (dynamic servers, no reload per rep
   leaving replica refuses, or a replica that died before answering, is retried on another
   (a POST or PATCH the replica received is not replayed: 502);
 - each backend balanced as its deployment's routing policy says (``balance``: leastconn by
-  default, the prompt's start or a session header on a bounded consistent-hash ring), its
-  servers placed on the ring by an ``id`` from the replica id, the same on every node;
+  default; sticky on the prompt's start or a session header, its stick table synced with
+  every node's HAProxy by the ``peers`` section: ``balance.py``), its servers numbered by
+  an ``id`` from the replica id, the same on every node;
 - ``option httpchk GET /-/healthz`` on every server; ``maxconn`` per server is set when a
   server is added (``desired.server_maxconn``: the replica's slots, and with a bounded
   queue its queue and one more, so that the replica rejects an overflow itself, with the
@@ -50,13 +51,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.ingress.haproxy.balance import DEFAULT_BALANCE, SERVER_WEIGHT, server_id
+from controlplane.ingress.haproxy.balance import (DEFAULT_BALANCE, PEERS, SERVER_WEIGHT,
+                                                  keeps_table, server_id)
 from controlplane.wire import HTTPLimits
 
 # A buffer this much over max_header_bytes takes a head at the limit with HAProxy's own
 # overhead (its rewrite reserve, tune.maxrewrite, 1 KiB by default; the HTX blocks of a
 # parsed head), and heads somewhat over it, to answer them 431.
 _HEAD_ROOM = 16 * 1024
+
+
+METRICS_BACKEND, COLD_SERVER = "be_metrics", "cold"  # written in, not replicas
 
 
 def backend_name(deployment_key: str) -> str:
@@ -68,6 +73,19 @@ def backend_name(deployment_key: str) -> str:
 def server_name(replica_id: str) -> str:
     safe = "".join(c if c.isalnum() else "_" for c in replica_id)[:48]
     return f"{safe}_{hashlib.sha1(replica_id.encode()).hexdigest()[:6]}"
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The HAProxies whose stick tables are one (``balance``): every node's, this one's
+    among them. ``local``: this node's peer name; ``addresses``: name -> "ip:port"."""
+
+    local: str
+    addresses: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, local: str, addresses: dict[str, str]) -> "Peers":
+        return cls(local, tuple(sorted(addresses.items())))
 
 
 @dataclass(frozen=True)
@@ -115,7 +133,8 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
            servers: dict[str, dict[str, str]] | None = None,
            maxconn: dict[str, int] | None = None, timeout_server_s: float = 300.0,
            draining: bool = False, limits: HTTPLimits = HTTPLimits(),
-           balances: dict[str, list[str]] | None = None, cold: set[str] = frozenset()) -> str:
+           balances: dict[str, list[str]] | None = None, cold: set[str] = frozenset(),
+           peers: Peers | None = None) -> str:
     """``routes``: route prefix -> "app/deployment" of the application's ingress;
     ``servers``: backend -> server -> "host:port", the members at this (re)load, written
     in so that a reload's new worker serves at once (later changes: runtime API);
@@ -123,26 +142,34 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
     for a backend without);
     ``draining``: the node drains, so ``/-/healthz`` (readiness) answers 503 while every
     other request is still served; ``cold``: backends whose deployment scales to zero, each
-    with the cold-start door as a ``backup`` server (used only while no replica is)."""
-    lines = [*_globals(paths, limits, timeout_server_s),
+    with the cold-start door as a ``backup`` server (used only while no replica is);
+    ``peers``: the fleet's HAProxies, rendered when a backend keeps a stick table (and
+    required then)."""
+    sync = peers if needs_peers(balances or {}) else None
+    if sync is None and needs_peers(balances or {}):
+        raise ValueError("a backend keeps a stick table: render needs its peers")
+    lines = [*_globals(paths, limits, timeout_server_s, sync),
              *_frontend(host, port, routes, draining, limits),
              *_backends(routes, servers or {}, maxconn or {}, balances or {},
                         {b: paths.cold_socket for b in cold}),
-             "backend be_metrics",
+             f"backend {METRICS_BACKEND}",
              f"    server ingress unix@{paths.metrics_socket}",
              "frontend exporter",
              f"    bind unix@{paths.exporter_socket} mode 600",
              "    http-request use-service prometheus-exporter",
              "backend be_no_route",
              "    http-request return status 404 content-type text/plain "
-             "string \"no route\""]
+             "string \"no route\"",
+             *_peers(sync)]
     return "\n".join(lines) + "\n"
 
 
-def _globals(paths: Paths, limits: HTTPLimits, timeout_server_s: float) -> list[str]:
+def _globals(paths: Paths, limits: HTTPLimits, timeout_server_s: float,
+             peers: Peers | None) -> list[str]:
     return [
         "global",
         "    master-worker",
+        *([f"    localpeer {peers.local}"] if peers is not None else []),
         f"    tune.bufsize {limits.max_header_bytes + _HEAD_ROOM}",
         f"    stats socket {paths.worker_socket} mode 600 level admin expose-fd listeners",
         f"    server-state-file {paths.state_file}",
@@ -178,7 +205,7 @@ def _frontend(host: str, port: int, routes: dict[str, str], draining: bool,
          '"node draining" if { path /-/healthz }' if draining else
          "    http-request return status 200 content-type text/plain string success "
          "if { path /-/healthz }"),
-        "    use_backend be_metrics if { path /metrics }",
+        f"    use_backend {METRICS_BACKEND} if {{ path /metrics }}",
         "    http-request return status 200 content-type application/json "
         f"string {_quoted(json.dumps(routes, sort_keys=True))} if {{ path /-/routes }}",
     ]
@@ -208,8 +235,22 @@ def _backends(routes: dict[str, str], servers: dict[str, dict[str, str]],
                   f"check maxconn {max(1, maxconn.get(backend, 1))}"
                   for name, address in sorted(servers.get(backend, {}).items())]
         if backend in cold:  # no check: up whenever the ingress actor is
-            lines.append(f"    server cold unix@{cold[backend]} backup")
+            lines.append(f"    server {COLD_SERVER} unix@{cold[backend]} backup")
     return lines
+
+
+def needs_peers(balances: dict[str, list[str]]) -> bool:
+    """Whether a backend keeps a stick table (``balance``): then the peers are rendered."""
+    return any(keeps_table(lines) for lines in balances.values())
+
+
+def _peers(peers: Peers | None) -> list[str]:
+    """Every node's HAProxy, this one's (``localpeer``) where it listens for the others
+    and for its next worker at a reload (the table is handed over)."""
+    if peers is None:
+        return []
+    return [f"peers {PEERS}", *(f"    peer {name} {address}" for name, address in
+                                peers.addresses)]
 
 
 def _head_limit(max_header_bytes: int) -> list[str]:

@@ -1,7 +1,8 @@
 """What a node's HAProxy should serve, and what its current worker was given.
 
 ``Wanted`` is what the long-polls say (routes, each deployment's replica set and limits,
-whether the node drains) plus the servers a deregistration added ahead of the long-poll;
+whether the node drains) plus the servers a deregistration added ahead of the long-poll and
+the fleet's HAProxy peers (``peers``: rendered while a backend keeps a stick table);
 ``Loaded`` is the routes and drain state of the last (re)load and the current worker's
 servers since (runtime API). The ingress actor (``ingress``) turns the difference into a
 reload (routes or drain changed) or runtime-API commands (``membership``).
@@ -14,15 +15,18 @@ from __future__ import annotations
 
 from controlplane.ingress.haproxy import membership
 from controlplane.ingress.haproxy.balance import DEFAULT_BALANCE, balance_lines
+from controlplane.ingress.haproxy.config import Peers, needs_peers
+from controlplane.ingress.haproxy.peers import PeerSet
 from controlplane.wire import RoutingUpdate
 
 EARLY_S = 10.0  # how long a replica added by a deregistration waits for the long-poll
 
 
 class Wanted:
-    def __init__(self) -> None:
+    def __init__(self, peers: PeerSet | None = None) -> None:
         self.routes: dict[str, str] | None = None  # prefix -> deployment key, once heard
         self.draining = False  # the node drains: readiness fails (a reload renders it)
+        self.peers = peers
         self._deployments: dict[str, RoutingUpdate] = {}
         # added by a deregistration before the long-poll brought them: (address, until)
         self._early: dict[tuple[str, str], tuple[str, float]] = {}
@@ -41,8 +45,11 @@ class Wanted:
     def servers(self, loaded: membership.Servers, now: float) -> membership.Servers:
         """The members to serve. A deployment whose replica set this actor has not heard
         yet (it just restarted and adopted a running HAProxy) keeps the servers it has
-        (``loaded``): unknown is not empty."""
-        keys, deployments = set(dict(self.routes or {}).values()), dict(self._deployments)
+        (``loaded``): unknown is not empty; so does every backend before the routes are
+        heard (an adopted HAProxy's first sync once removed them all: 503s)."""
+        if self.routes is None:
+            return {backend: dict(servers) for backend, servers in loaded.items()}
+        keys, deployments = set(dict(self.routes).values()), dict(self._deployments)
         desired = membership.desired_servers({
             key: [(r.replica_id, r.http_address) for r in update.replicas if r.http_address]
             for key, update in deployments.items() if key in keys})
@@ -70,6 +77,10 @@ class Wanted:
                  for k, u in dict(self._deployments).items() if k in keys}
         return {backend: b for backend, b in lines.items() if b != DEFAULT_BALANCE}
 
+    def rendered_peers(self, balances: dict[str, list[str]]) -> Peers | None:
+        """The peers to render with ``balances``: None where no backend keeps a table."""
+        return self.peers.current() if self.peers is not None and needs_peers(balances) \
+            else None
 
     def cold(self) -> set[str]:
         """Routed backends whose deployment scales to zero: the cold-start door is their
@@ -98,13 +109,15 @@ class Loaded:
         self.servers: membership.Servers = {}  # what the current worker has
         self.balances: dict[str, list[str]] = {}  # each backend's balance lines
         self.cold: set[str] = set()  # backends with the cold-start door as backup
+        self.peers: Peers | None = None  # the peers rendered (None: no stick table)
 
     def differs(self, wanted: Wanted) -> bool:
         """Whether the config must be rendered again (a reload): routes, drain, a
-        backend's routing policy, or whether it scales to zero changed."""
+        backend's routing policy, whether it scales to zero, or the peers changed."""
+        balances = wanted.balances()
         return (wanted.routes is not None and wanted.routes != self.routes) or \
-            wanted.draining != self.draining or wanted.balances() != self.balances or \
-            wanted.cold() != self.cold
+            wanted.draining != self.draining or balances != self.balances or \
+            wanted.cold() != self.cold or wanted.rendered_peers(balances) != self.peers
 
 
 class LateLeaving:

@@ -13,6 +13,10 @@ Supervised like a proxy (the controller's watch, ``max_restarts=-1``). HAProxy r
 process session of its own, so when this actor dies its HAProxy keeps serving; the
 restarted actor adopts it (same master socket) and re-reads its servers. A crashed
 HAProxy is started again with the current membership.
+
+Sticky policies keep a stick table per backend, one for the fleet: every node's HAProxy is
+a peer of the others (``peers``), the list pushed by the controller (``set_peers``) as
+nodes come and go.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from controlplane.ingress.haproxy.config import Paths, render
 from controlplane.ingress.haproxy.desired import LateLeaving, Loaded, Wanted
 from controlplane.ingress.haproxy.guard import start_guard
 from controlplane.ingress.haproxy.metrics import IngressMetrics
+from controlplane.ingress.haproxy.peers import PeerSet, peer_name
 from controlplane.ingress.haproxy.process import HAProxyProcess
 from controlplane.ingress.listener import Listener
 from controlplane.priority import take_control_priority
@@ -70,7 +75,8 @@ class HAProxyIngress(Listener):
         self._process = HAProxyProcess(Paths(runtime_dir(self._settings.namespace, node_id)))
         # stopped even when ready failed midway: a started HAProxy would hold the port
         self._stops_with(lambda: asyncio.to_thread(self._process.stop))
-        self._wanted, self._loaded = Wanted(), Loaded()
+        self._peers = PeerSet(peer_name(node_id))
+        self._wanted, self._loaded = Wanted(self._peers), Loaded()
         self._leaving: set[tuple[str, str]] = set()  # in maint, to delete once idle
         self._late = None if self._settings.replica.deregister_before_stop else \
             LateLeaving(http.deregistration_window_s)
@@ -116,10 +122,12 @@ class HAProxyIngress(Listener):
         return await controller.health.remote()
 
     def _start(self) -> None:
+        node_ip = ray.util.get_node_ip_address()
         if self._process.adopt():
             loaded = self._loaded
             loaded.servers = self._process.servers()
             text = _read(self._process.paths.config)
+            self._peers.listen_on(node_ip, text)
             loaded.routes = _routes_of(text)
             loaded.draining = self._wanted.draining = '"node draining"' in text
             logger.info("adopted the running HAProxy (pid %s) with %d backend(s)",
@@ -128,6 +136,7 @@ class HAProxyIngress(Listener):
         # HAProxy's listeners share their port (SO_REUSEPORT): check first that nobody
         # holds it, or a stale HAProxy would silently take half the connections.
         listen_socket(bind_host(self._http.host), self._http.port, exclusive=True).close()
+        self._peers.listen_on(node_ip)
         self._load(self._process.start)
         start_guard(self._process.pid)  # it must not outlive its node
 
@@ -138,12 +147,13 @@ class HAProxyIngress(Listener):
         routes = dict(wanted.routes or {})
         servers = wanted.servers(loaded.servers, time.monotonic())
         draining, balances, cold = wanted.draining, wanted.balances(), wanted.cold()
+        peers = wanted.rendered_peers(balances)
         start_or_reload(render(self._process.paths, bind_host(self._http.host),
                                self._http.port, routes, servers, wanted.maxconn(),
                                draining=draining, limits=self._http.limits(),
-                               balances=balances, cold=cold))
+                               balances=balances, cold=cold, peers=peers))
         loaded.servers, loaded.routes, loaded.draining = servers, routes, draining
-        loaded.balances, loaded.cold = balances, cold
+        loaded.balances, loaded.cold, loaded.peers = balances, cold, peers
 
     # ---- desired state, from the long-polls ------------------------------------------
     def _on_routes(self, update: RoutesUpdate) -> None:
@@ -265,6 +275,19 @@ class HAProxyIngress(Listener):
             # the next reload leaves it out
             if all("deleted" in a or "No such" in a or "dynamic" in a for a in answers):
                 self._leaving.discard((backend, server))
+
+    # ---- the fleet's peers (sticky policies' tables) -----------------------------------
+    async def peer(self) -> list[str]:
+        """[this node's peer name, the address its HAProxy serves peers on] (once
+        ``ready``)."""
+        await self.ready()
+        return [self._peers.name, self._peers.address]
+
+    async def set_peers(self, peers: dict[str, str]) -> None:
+        """Every node's HAProxy, name -> address (the controller's, as nodes change): a
+        reload where a backend keeps a stick table and the list changed."""
+        self._peers.set(peers)
+        self._changed.set()
 
     # ---- status and lifecycle --------------------------------------------------------
     async def set_draining(self, draining: bool) -> None:

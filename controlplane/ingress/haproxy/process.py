@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from controlplane.ingress.haproxy.config import Paths
+from controlplane.ingress.haproxy.config import COLD_SERVER, METRICS_BACKEND, Paths
 
 
 def binary() -> str:
@@ -133,7 +133,8 @@ class HAProxyProcess:
         return found
 
     def servers(self) -> dict[str, dict[str, str]]:
-        """backend -> server -> "host:port", as the current worker has them."""
+        """backend -> server -> "host:port": the replicas the current worker has (not the
+        servers the config writes in for itself: /metrics' and the cold-start door)."""
         current = [w for w in self.workers() if w.reloads == 0]
         found: dict[str, dict[str, str]] = {}
         if not current:
@@ -141,7 +142,8 @@ class HAProxyProcess:
         for line in self.on_worker(current[0], "show servers state").splitlines():
             fields = line.split()
             if len(fields) > 18 and fields[0].isdigit() and fields[1].startswith("be_") \
-                    and fields[1] != "be_no_route":
+                    and fields[1] not in ("be_no_route", METRICS_BACKEND) \
+                    and fields[3] != COLD_SERVER:
                 found.setdefault(fields[1], {})[fields[3]] = f"{fields[4]}:{fields[18]}"
         return found
 
