@@ -20,13 +20,18 @@ POLICY_SETTLE_S = 2.0  # routers and HAProxy take a policy from the shard's next
 
 
 class SimFleet:
-    def __init__(self, args, ingress: str, proxies_per_node: int = 2) -> None:
+    """``nodes``: the Ray nodes' addresses when there are several (each node's ingress
+    serves on its own, ``http_options.host: node_ip``); ``base_urls``: one per node."""
+
+    def __init__(self, args, ingress: str, proxies_per_node: int = 2,
+                 nodes: tuple[str, ...] = ()) -> None:
         from controlplane.instance import Client
 
-        self.args, self.ingress, self.proxies = args, ingress, proxies_per_node
+        self.args, self.ingress, self.proxies, self.nodes = args, ingress, proxies_per_node, nodes
         self.client = Client()
         self.max_ongoing = MAX_ONGOING
-        self.base_url = f"http://127.0.0.1:{args.port}/{APP}"
+        self.base_urls = [f"http://{ip}:{args.port}/{APP}" for ip in nodes or ("127.0.0.1",)]
+        self.base_url = self.base_urls[0]
         self._policy: str | None = None
 
     @staticmethod
@@ -71,7 +76,8 @@ class SimFleet:
                         "startup_timeout_s": 60.0},
                "deployments": [deployment]}
         return {"applications": [app], "controller_options": {"num_shards": 1},
-                "http_options": {"host": "127.0.0.1", "port": a.port, "ingress": self.ingress,
+                "http_options": {"host": "node_ip" if self.nodes else "127.0.0.1",
+                                 "port": a.port, "ingress": self.ingress,
                                  "proxies_per_node": self.proxies}}
 
     def _router(self, policy: str) -> dict:
@@ -85,11 +91,11 @@ class SimFleet:
         while time.monotonic() < deadline:
             status = self.client.status()
             dep = status["applications"].get(APP, {}).get("deployments", {}).get(DEPLOYMENT)
-            nodes = status["controller"].get("haproxy") or [{}]
+            haproxies = status["controller"].get("haproxy") or [{}]
             if (dep and dep["status"] == "HEALTHY" and dep.get("routing_policy") == policy
                     and sum(r["state"] == "RUNNING" for r in dep["replicas"]) == self.args.replicas
-                    and (self.ingress != "haproxy"
-                         or nodes[0].get("servers") == self.args.replicas)):
+                    and (self.ingress != "haproxy" or all(
+                        h.get("servers") == self.args.replicas for h in haproxies))):
                 return
             time.sleep(0.25)
         raise TimeoutError(f"{self.args.replicas} replicas not RUNNING with {policy}")

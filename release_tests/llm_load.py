@@ -65,10 +65,13 @@ def _session() -> aiohttp.ClientSession:
         timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
 
 
-async def open_loop(base_url: str, workload, rate: float, duration_s: float,
+async def open_loop(base_url: str | list[str], workload, rate: float, duration_s: float,
                     seed: int) -> list[Outcome]:
-    """Poisson arrivals at ``rate`` for ``duration_s``; waits for every answer."""
-    rng = random.Random(seed)
+    """Poisson arrivals at ``rate`` for ``duration_s``; waits for every answer. With
+    several base URLs (several nodes' ingresses), each request goes to one at random (its
+    own random stream: the arrivals are the same as with one)."""
+    rng, pick = random.Random(seed), random.Random(seed + 1)
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
     tasks: list[asyncio.Task] = []
     async with _session() as session:
         start = time.perf_counter()
@@ -78,7 +81,8 @@ async def open_loop(base_url: str, workload, rate: float, duration_s: float,
             if due - start >= duration_s:
                 break
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            tasks.append(asyncio.create_task(_tracked(session, base_url, workload, start)))
+            url = urls[pick.randrange(len(urls))]
+            tasks.append(asyncio.create_task(_tracked(session, url, workload, start)))
         return list(await asyncio.gather(*tasks))
 
 

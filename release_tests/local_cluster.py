@@ -1,7 +1,8 @@
 """The 3-node cluster with GCS fault tolerance that the head-loss drills run on
 (``release_tests.head_loss``, ``release_tests.chaos --kinds head,...``), through
 ``fleetplane start-local-cluster``: head 127.0.0.2, workers .3 and .4, the head's GCS on a
-real Redis; recorded in ``FLEETPLANE_STATE_DIR`` (set it first)."""
+real Redis; recorded in ``FLEETPLANE_STATE_DIR`` (set it first). ``release_tests.llm_routing``
+starts a 2-node one without Redis (two HAProxies)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ def fleetplane(*args: str, timeout_s: float = 300) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=timeout_s)
 
 
-def start() -> None:
+def start(nodes: int = 3, redis: bool = True) -> None:
     """Its head turns Ray's token authentication on: every process that joins says so
     (this one's environment, which the drills' children inherit)."""
     os.environ["RAY_AUTH_MODE"] = "token"
-    started = fleetplane("start-local-cluster", "--nodes", "3", "--redis")
+    started = fleetplane("start-local-cluster", "--nodes", str(nodes),
+                         *(["--redis"] if redis else []))
     if started.returncode != 0:
         raise SystemExit(f"start-local-cluster failed:\n{started.stdout}{started.stderr}")
 

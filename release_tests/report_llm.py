@@ -18,7 +18,8 @@ def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
              f"prefix cache of {setup.get('cache_blocks')} 16-token blocks each; "
              f"max_ongoing_requests {setup.get('max_ongoing_requests')}. Capacity (requests/s "
              f"p2c completes, closed loop): {_capacities(summary)}. Loads are fractions of "
-             f"it, Poisson, {setup.get('seconds')} s measured after a "
+             f"it, Poisson, {setup.get('seconds')} s measured (random prompts: "
+             f"{setup.get('random_seconds', setup.get('seconds'))} s) after a "
              f"{setup.get('warmup_s')} s warm-up on reset engines. HAProxy's p2c and kv_load "
              "are its leastconn (it sees no KV-cache use).", ""]
     if summary.get("criteria"):
@@ -39,10 +40,14 @@ def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
     if ramp_rows:
         lines += ["Throughput at equal p99 (shared prefix: each policy at rising loads until "
                   "its end-to-end p99 passes p2c's at 0.8):", ""] + table(ramp_rows)
-    if summary.get("two_proxies"):
-        lines += ["One proxy against two (prefix, shared prefix, 0.8):", ""]
-        lines += table([{"proxies": k, **v} for k, v in summary["two_proxies"].items()],
-                       ["proxies", "hit_rate", "ttft_p50_ms", "ttft_p99_ms", "throughput_rps"])
+    for key, what, column in (("two_proxies", "One proxy against two", "proxies"),
+                              ("two_haproxies", "One node's HAProxy against two nodes' "
+                               "(peers; each request to either node at random)", "haproxies")):
+        if summary.get(key):
+            lines += [f"{what} (prefix, shared prefix, 0.8):", ""]
+            lines += table([{column: k, **v} for k, v in summary[key].items()],
+                           [column, "hit_rate", "ttft_p50_ms", "ttft_p99_ms",
+                            "throughput_rps"])
     return lines
 
 

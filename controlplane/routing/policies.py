@@ -20,7 +20,8 @@ Policies (their config names):
 The bounded load, ``balance_factor`` x (mean load + 1), is the fall-back threshold: past
 it a prefix spills to the next replica on its ring walk, and with every replica on the walk
 past it, to load: the busiest replica stays within about that factor of the mean (on the
-HAProxy path, HAProxy's ``hash-balance-factor``, the same scheme), where unbounded affinity
+HAProxy path, the same bound on a start's own requests in flight: ``haproxy/balance.py``),
+where unbounded affinity
 hot-spots the replica of a popular system prompt. The default is 2: the paper's examples
 and HAProxy's use 1.25, which at 0.8 of capacity sent more conversations away from their
 caches (swings past 1.25 x the mean are common at a few requests a replica).

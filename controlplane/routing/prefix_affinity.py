@@ -22,8 +22,8 @@ function of the prompt and the replica set instead:
   Bounded Loads", SODA 2018): walk the ring from the start's point and take the first
   replica with a free slot whose load is within ``balance_factor`` x the mean (+1), so a
   popular prefix spills over to the next replica on its ring walk, the same one from every
-  router, instead of hot-spotting one replica. HAProxy's ``hash-type consistent`` with
-  ``hash-balance-factor`` is the same scheme, for the HAProxy path.
+  router, instead of hot-spotting one replica. (The HAProxy path keeps the start sticky
+  in a stick table its peers share instead: ``ingress/haproxy/balance.py``.)
 - ``block_keys``: the prompt's full blocks of ``BLOCK_CHARS``, each key chained to the ones
   before it (as vLLM's block hashes are), for a router's ``PrefixIndex``.
 """

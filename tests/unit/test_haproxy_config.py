@@ -165,3 +165,46 @@ def test_an_adopting_manager_reads_back_the_replicas_and_not_the_servers_of_its_
         assert haproxy.servers() == {web: {"r1": "127.0.0.1:4001"}}
     finally:
         haproxy.stop()
+
+
+def test_a_request_waiting_for_a_full_server_waits_as_through_the_proxy(tmp_path):
+    """Every server at its maxconn (an unbounded queue's requests wait in HAProxy's): the
+    request waits for the slot, as a proxy's router would, past timeout connect's 2 s that
+    HAProxy's own queue timeout defaults to (it answered 503 there)."""
+    import socket
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import requests
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/-/healthz":
+                time.sleep(2.5)
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    web = backend_name("web/M")
+    haproxy = HAProxyProcess(Paths(tmp_path))
+    haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"},
+                         servers={web: {"r1": f"127.0.0.1:{server.server_address[1]}"}},
+                         maxconn={web: 1}))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            codes = list(pool.map(lambda _: requests.get(
+                f"http://127.0.0.1:{port}/web", timeout=30).status_code, range(2)))
+        assert codes == [200, 200]  # the second waited about 2.5 s for the slot
+    finally:
+        haproxy.stop()
+        server.shutdown()

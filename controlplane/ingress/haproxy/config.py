@@ -13,7 +13,8 @@ application route, servers added at run time (dynamic servers, no reload per rep
 - ``option httpchk GET /-/healthz`` on every server; ``maxconn`` per server is set when a
   server is added (``desired.server_maxconn``: the replica's slots, and with a bounded
   queue its queue and one more, so that the replica rejects an overflow itself, with the
-  computed Retry-After);
+  computed Retry-After); with an unbounded queue the rest wait in HAProxy's queue, as long
+  as a proxy's router would let them (``timeout queue``, the bound on an answer);
 - a server-state file keeps ``drain``/``maint`` across reloads;
 - ``/-/healthz`` and ``/-/routes`` answered by HAProxy itself, ``/metrics`` by the
   ingress actor: HAProxy's Prometheus exporter (``haproxy_*``: per backend and server, i.e.
@@ -183,6 +184,10 @@ def _globals(paths: Paths, limits: HTTPLimits, timeout_server_s: float,
         f"    timeout http-request {_ms(limits.request_header_timeout_s)}",
         f"    timeout http-keep-alive {_ms(limits.keep_alive_timeout_s)}",
         f"    timeout server {int(timeout_server_s)}s",
+        # A request waiting for a free server (every one at its maxconn: an unbounded
+        # queue's requests wait here) waits as long as a proxy's would, up to the bound on
+        # an answer; HAProxy's default, timeout connect's 2 s, answered 503 under load.
+        f"    timeout queue {int(timeout_server_s)}s",
         "    timeout tunnel 1h",  # an upgraded connection (a WebSocket) may idle this long
         "    retries 3",
         "    option redispatch 1",

@@ -40,8 +40,8 @@ def diff(current: Servers, desired: Servers) -> Plan:
 
 def add_commands(backend: str, server: str, address: str, maxconn: int,
                  with_id: bool = True) -> list[str]:
-    """``with_id``: the server's ``id`` from its name, so that every node's HAProxy puts it
-    at one place on a hash ring (False only after an id collision: HAProxy numbers it)."""
+    """``with_id``: the server's ``id`` from its name, so that every node's HAProxy numbers
+    it alike (False only after an id collision: HAProxy numbers it)."""
     target = f"{backend}/{server}"
     server_ref = f" id {server_id(server)}" if with_id else ""
     # The replica is RUNNING and passed its health check: UP at once, not after the
