@@ -10,6 +10,14 @@ from controlplane.ingress.haproxy.config import Paths, backend_name, render
 from controlplane.ingress.haproxy.process import HAProxyProcess
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.mark.parametrize("routes", [{}, {"/web": "web/M", "/": "root/R", "/a/b": "ab/X"}])
 def test_haproxy_accepts_the_configuration(tmp_path, routes):
     paths = Paths(tmp_path)
@@ -63,13 +71,10 @@ def test_a_missing_haproxy_binary_is_a_clear_error(monkeypatch, tmp_path):
 def test_a_draining_node_fails_readiness_and_still_answers_the_rest(tmp_path):
     """Rendered with ``draining``, HAProxy's /-/healthz answers 503 after a reload while
     it keeps answering everything else (here /-/routes)."""
-    import socket
     import urllib.error
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     haproxy = HAProxyProcess(Paths(tmp_path))
     haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"}))
     try:
@@ -88,7 +93,6 @@ def test_a_draining_node_fails_readiness_and_still_answers_the_rest(tmp_path):
 def test_http_options_head_timeout_and_keep_alive_are_haproxys(tmp_path):
     """haproxy mode honours request_header_timeout_s (a slow head is cut) and
     keep_alive_timeout_s, as the proxy does; a real HAProxy, loopback."""
-    import socket
 
     from controlplane.wire import HTTPLimits
     from tests import abuse_clients as abuse
@@ -96,9 +100,7 @@ def test_http_options_head_timeout_and_keep_alive_are_haproxys(tmp_path):
     limits = HTTPLimits(request_header_timeout_s=0.5, keep_alive_timeout_s=7.25)
     text = render(Paths(tmp_path), "127.0.0.1", 8000, {"/web": "web/M"}, limits=limits)
     assert "    timeout http-request 500ms" in text and "    timeout http-keep-alive 7250ms" in text
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     haproxy = HAProxyProcess(Paths(tmp_path))
     haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"}, limits=limits))
     try:
@@ -112,7 +114,6 @@ def test_a_head_over_max_header_bytes_is_haproxys_own_431_as_through_the_proxy(t
     """A real HAProxy, loopback: a head at the limit passes (its buffer is sized over the
     limit, not HAProxy's default 16 KiB), one byte over is 431; a head past the buffer
     itself stays HAProxy's 400, which HAProxy 2.8 writes before any rule applies."""
-    import socket
 
     from controlplane.wire import HTTPLimits
     from tests import abuse_clients as abuse
@@ -120,9 +121,7 @@ def test_a_head_over_max_header_bytes_is_haproxys_own_431_as_through_the_proxy(t
     limits = HTTPLimits(max_header_bytes=20_000, max_connections=500)
     text = render(Paths(tmp_path), "127.0.0.1", 8000, {"/web": "web/M"}, limits=limits)
     assert "    tune.bufsize 36384" in text and "    maxconn 500" in text
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     haproxy = HAProxyProcess(Paths(tmp_path))
     haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"}, limits=limits))
 
@@ -152,11 +151,7 @@ def test_an_adopting_manager_reads_back_the_replicas_and_not_the_servers_of_its_
     """``servers()`` (what a restarted manager adopts) lists the replicas written in, not
     /metrics' server or the cold-start door: those were once taken for replicas that left
     and put in maint (an adopted HAProxy's /metrics then answered 503)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     web = backend_name("web/M")
     haproxy = HAProxyProcess(Paths(tmp_path))
     haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"},
@@ -171,7 +166,6 @@ def test_a_request_waiting_for_a_full_server_waits_as_through_the_proxy(tmp_path
     """Every server at its maxconn (an unbounded queue's requests wait in HAProxy's): the
     request waits for the slot, as a proxy's router would, past timeout connect's 2 s that
     HAProxy's own queue timeout defaults to (it answered 503 there)."""
-    import socket
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
@@ -192,9 +186,7 @@ def test_a_request_waiting_for_a_full_server_waits_as_through_the_proxy(tmp_path
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     web = backend_name("web/M")
     haproxy = HAProxyProcess(Paths(tmp_path))
     haproxy.start(render(haproxy.paths, "127.0.0.1", port, {"/web": "web/M"},
