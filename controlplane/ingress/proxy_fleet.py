@@ -32,6 +32,7 @@ from controlplane.settings import Settings
 from controlplane.supervision import Supervisor
 
 logger = logging.getLogger(__name__)
+PEER_CALL_S = 10.0  # a node's HAProxy manager that does not answer is not waited for longer
 
 
 class ProxyFleet:
@@ -96,7 +97,8 @@ class ProxyFleet:
         if self._http is None or self._http.ingress != "haproxy":
             return
         asked = [n for n in learn if n in self._proxies]
-        answers = await asyncio.gather(*(self._proxies[n][0].peer.remote() for n in asked),
+        answers = await asyncio.gather(*(asyncio.wait_for(self._proxies[n][0].peer.remote(),
+                                                          PEER_CALL_S) for n in asked),
                                        return_exceptions=True)
         for node_id, answer in zip(asked, answers):
             if isinstance(answer, BaseException):
@@ -105,7 +107,8 @@ class ProxyFleet:
             else:
                 self._peers[node_id] = (answer[0], answer[1])
         peers = dict(self._peers.values())
-        told = await asyncio.gather(*(p[0].set_peers.remote(peers)
+        told = await asyncio.gather(*(asyncio.wait_for(p[0].set_peers.remote(peers),
+                                                       PEER_CALL_S)
                                       for p in self._proxies.values()), return_exceptions=True)
         for error in (r for r in told if isinstance(r, BaseException)):
             logger.warning("a node's HAProxy was not told its peers: %r", error)
