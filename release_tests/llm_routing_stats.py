@@ -86,6 +86,7 @@ def decision_cost(policy_name: str, decisions: int, replicas: int = 64) -> dict:
 
 
 PREFIX_POLICIES = ("prefix", "prefix_kv")
+AWARE = frozenset({"prefix", "kv_load", "prefix_kv"})  # the LLM-aware policies
 
 
 def criteria(results: dict, ramps: dict, agree: dict, decisions: dict,
@@ -109,17 +110,12 @@ def criteria(results: dict, ramps: dict, agree: dict, decisions: dict,
             out.append(_bar(f"shared prefix, {ingress}: throughput within p2c's p99 at 0.8 "
                             f"({name} against p2c)", ">= 1.4x", f"{ratio:.2f}x", ratio >= 1.4))
     for ingress, policies in results.get("random", {}).items():
-        base = policies.get("p2c", {}).get("0.8")
-        if base:
-            worst = max(((p, l["0.8"]["ttft_p99_ms"]) for p, l in policies.items()
-                         if p != "p2c" and "0.8" in l), key=lambda x: x[1], default=None)
-            if worst:
-                worse = worst[1] / base["ttft_p99_ms"] - 1
-                out.append(_bar(f"random, {ingress}, 0.8: the worst policy's TTFT p99 against "
-                                f"p2c ({worst[0]})", "<= +5%", f"{worse:+.0%}", worse <= 0.05))
+        out += _random_bars(ingress, policies)
     loads = [s["max_mean_load"] for w in results.values() for i in w.values()
              for p in i.values() for s in p.values()]
     loads += [pair["2"]["max_mean_load"] for pair in (agree, agree_haproxy or {}) if "2" in pair]
+    loads += [point["max_mean_load"] for by_policy in ramps.values()
+              for ramp in by_policy.values() for point in ramp["points"]]
     if loads:
         out.append(_bar("max/mean requests per replica, every run", "<= 1.5",
                         f"{max(loads):.2f}", max(loads) <= 1.5))
@@ -133,6 +129,24 @@ def criteria(results: dict, ramps: dict, agree: dict, decisions: dict,
             out.append(_bar(f"cache-hit rate, {routers} against one (prefix, shared, 0.8)",
                             "within 5 points", f"{pair['1']['hit_rate']:.1%} -> "
                             f"{pair['2']['hit_rate']:.1%}", abs(drop) <= 0.05))
+    return out
+
+
+def _random_bars(ingress: str, policies: dict) -> list[dict]:
+    """The worst policy's TTFT p99 against p2c's at 0.8: every policy (round robin, the
+    baseline, too), and the LLM-aware ones alone."""
+    base = policies.get("p2c", {}).get("0.8")
+    if not base:
+        return []
+    out = []
+    for which, names in (("policy", set(policies) - {"p2c"}), ("LLM-aware policy", AWARE)):
+        p99s = [(p, policies[p]["0.8"]["ttft_p99_ms"]) for p in sorted(names)
+                if "0.8" in policies.get(p, {})]
+        if p99s:
+            name, worst = max(p99s, key=lambda x: x[1])
+            worse = worst / base["ttft_p99_ms"] - 1
+            out.append(_bar(f"random, {ingress}, 0.8: the worst {which}'s TTFT p99 against "
+                            f"p2c ({name})", "<= +5%", f"{worse:+.0%}", worse <= 0.05))
     return out
 
 
