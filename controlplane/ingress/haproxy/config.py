@@ -146,9 +146,10 @@ def render(paths: Paths, host: str, port: int, routes: dict[str, str],
     with the cold-start door as a ``backup`` server (used only while no replica is);
     ``peers``: the fleet's HAProxies, rendered when a backend keeps a stick table (and
     required then)."""
-    sync = peers if needs_peers(balances or {}) else None
-    if sync is None and needs_peers(balances or {}):
+    tables = needs_peers(balances or {})
+    if tables and peers is None:
         raise ValueError("a backend keeps a stick table: render needs its peers")
+    sync = peers if tables else None
     lines = [*_globals(paths, limits, timeout_server_s, sync),
              *_frontend(host, port, routes, draining, limits),
              *_backends(routes, servers or {}, maxconn or {}, balances or {},
