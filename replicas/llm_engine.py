@@ -17,7 +17,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from collections import deque
 from typing import Callable, Mapping, Sequence
 
 from controlplane.clock import Clock
+from controlplane.routing.listen import free_port  # noqa: F401 (the engine's port)
 from replicas.llm_http import Fetcher
 
 logger = logging.getLogger(__name__)
@@ -55,13 +55,6 @@ def render_command(template: Sequence[str], values: Mapping[str, object],
     filled = [_PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), str(part))
               for part in template]
     return filled + [str(a) for a in extra_args]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now (the engine binds it a moment later; a lost race fails loudly)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class EngineProcess:

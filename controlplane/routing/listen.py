@@ -17,6 +17,13 @@ from typing import Any
 import uvicorn
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now (its user binds it a moment later; a lost race fails loudly)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def listen_socket(host: str, port: int, *, exclusive: bool) -> socket.socket:
     """A socket bound to host:port that the node's other listeners can share
     (SO_REUSEPORT). ``exclusive``: first check that nobody holds the port, not even

@@ -23,7 +23,7 @@ goes by load and is remembered anew. HAProxy 2.8's ``balance hash`` was the firs
 it places a unique prompt on its ring server unless that one is past the bound, blind to
 how busy it is below it (HAProxy's own ``hash-preserve-affinity``, 2025, says so), and
 measured TTFT p99 +90% over ``leastconn`` on prompts that share nothing; the sticky table
-measured +3% (``release_tests.llm_routing``).
++1% to +6% (``release_tests.llm_routing``; leastconn against itself measured +8%: noise).
 
 Every node's HAProxy must agree: the tables are one, synced by HAProxy's peers protocol
 (``config._peers``: every node's HAProxy a peer, the list from the controller): a key

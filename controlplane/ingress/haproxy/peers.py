@@ -1,6 +1,6 @@
 """This node's HAProxy among the fleet's peers (``config.Peers``), whose stick tables are
 one (``balance``): its peer name, the address it listens on for the others, and the
-others' as the controller last told (``ProxyFleet.share_peers``).
+others' as the controller last told (``ProxyFleet._share_peers``).
 
 The address is this node's Ray address (where the other nodes reach it, whatever
 ``http_options.host`` is) and a port free when the HAProxy was first started; an adopted
@@ -11,10 +11,9 @@ authentication: the port is reachable on the node's network, as the HTTP port is
 
 from __future__ import annotations
 
-import socket
-
 from controlplane.ingress.haproxy.balance import PEERS
 from controlplane.ingress.haproxy.config import Peers
+from controlplane.routing.listen import free_port
 
 
 def peer_name(node_id: str) -> str:
@@ -33,7 +32,7 @@ class PeerSet:
         adopted HAProxy's) has, with its peers; else a port of ``host`` free now."""
         written = peers_of(config)
         self._others = {n: a for n, a in written.items() if n != self.name}
-        self.address = written.get(self.name) or f"{host}:{_free_port(host)}"
+        self.address = written.get(self.name) or f"{host}:{free_port(host)}"
         return self.address
 
     def set(self, peers: dict[str, str]) -> None:
@@ -57,9 +56,3 @@ def peers_of(config: str) -> dict[str, str]:
         if inside and len(fields) == 3 and fields[0] == "peer":
             found[fields[1]] = fields[2]
     return found
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
