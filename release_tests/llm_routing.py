@@ -104,9 +104,10 @@ def ramp(fleet: SimFleet, ingress: str, args, results: dict, capacities: dict) -
     if reference is None or not args.ramp:  # (a run without shared prefix or p2c has none)
         return {}
     budget_ms, cap, out = reference["e2e_p99_ms"], capacities[("shared_prefix", ingress)], {}
-    for policy in ("p2c", "prefix", "prefix_kv"):
+    ran = results["shared_prefix"][ingress]
+    for policy in [p for p in ("p2c", "prefix", "prefix_kv") if "0.8" in ran.get(p, {})]:
         fleet.set_policy(policy)
-        points = [results["shared_prefix"][ingress][policy]["0.8"]]
+        points = [ran[policy]["0.8"]]
         for load in args.ramp_loads:
             stats, _ = run_point(fleet, "shared_prefix", cap * load, args, seed=int(load * 100))
             points.append({**stats, "load": load})

@@ -38,6 +38,17 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL[0]
 
 
+async def off_loop(call: Callable[[], Any], what: str, wait_s: float = LOOKUP_WAIT_S) -> Any:
+    """``call()`` (a blocking GCS call) on the lookup pool, waited for at most ``wait_s``:
+    past it ``LookupTimeout`` naming ``what``, and the call goes on unwatched."""
+    future = asyncio.get_running_loop().run_in_executor(_pool(), call)
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), wait_s)
+    except asyncio.TimeoutError:
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
+        raise LookupTimeout(f"the GCS did not answer {what} within {wait_s:g}s") from None
+
+
 class ActorLookup:
     def __init__(self, namespace: str, get_actor: Callable[..., Any] | None = None, *,
                  wait_s: float = LOOKUP_WAIT_S, cache: bool = True,
