@@ -137,7 +137,7 @@ def test_a_stream_survives_a_reload_and_a_scale_down_under_load(haproxy):
     meanwhile cost no request, and the stream completes. The old worker refuses runtime
     commands in HAProxy 2.8 ("Proxy is disabled"); it takes no new request either."""
     from controlplane.ingress.haproxy.config import Paths
-    from controlplane.ingress.haproxy.ingress import runtime_dir
+    from controlplane.ingress.haproxy.runtime_dirs import runtime_dir
     from controlplane.ingress.haproxy.process import HAProxyProcess
 
     extra = app("extra", f"{APPS}:Model", deployments=[{"name": "Model"}])

@@ -196,7 +196,7 @@ def test_every_nodes_haproxy_sends_a_conversation_to_the_replica_it_first_went_t
     """haproxy mode, the prefix policy: the nodes' HAProxies are peers, so a conversation
     started through the head's goes on, through any node's, on the replica it reached."""
     from controlplane.ingress.haproxy.config import Paths, backend_name
-    from controlplane.ingress.haproxy.ingress import runtime_dir
+    from controlplane.ingress.haproxy.runtime_dirs import runtime_dir
     from controlplane.ingress.haproxy.process import HAProxyProcess
 
     with cluster.own_instance("fleetplane_haproxy_peers", "haproxy") as instance:

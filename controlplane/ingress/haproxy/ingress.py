@@ -24,11 +24,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -42,6 +39,7 @@ from controlplane.ingress.haproxy.guard import start_guard
 from controlplane.ingress.haproxy.metrics import IngressMetrics
 from controlplane.ingress.haproxy.peers import PeerSet, peer_name
 from controlplane.ingress.haproxy.process import HAProxyProcess
+from controlplane.ingress.haproxy.runtime_dirs import prune, runtime_dir
 from controlplane.ingress.listener import Listener
 from controlplane.priority import take_control_priority
 from controlplane.routing.actor_lookup import ActorLookup
@@ -53,11 +51,6 @@ from controlplane.wire import RoutesUpdate, RoutingUpdate
 
 logger = logging.getLogger(__name__)
 _SWEEP_S = 1.0  # crash check and deletion of servers that left
-
-
-def runtime_dir(namespace: str, node_id: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"fleetplane-{os.getuid()}" / namespace / \
-        f"haproxy-{node_id[:12]}"
 
 
 class HAProxyIngress(Listener):
@@ -122,6 +115,7 @@ class HAProxyIngress(Listener):
         return await controller.health.remote()
 
     def _start(self) -> None:
+        prune(keep=self._process.paths.root)  # stopped HAProxies' directories, a day old
         node_ip = ray.util.get_node_ip_address()
         if self._process.adopt():
             loaded = self._loaded
