@@ -17,7 +17,12 @@ delays (``upscale_delay_s`` 30, ``downscale_delay_s`` 600, 1 -> 0 after 600):
 - ``fleetplane_surge`` (``--no-fleetplane-tuned`` skips it): ``surge`` 0.3, headroom for
   the day's bursts (twice the rate for 10 minutes, faster than a replica loads);
 - ``serve``: Serve's defaults (``target_ongoing_requests`` 2);
-- ``serve_tuned`` (``--no-serve-tuned``): ``target_ongoing_requests`` 3 = 0.75 x 4 slots.
+- ``serve_tuned`` (``--no-serve-tuned``): ``target_ongoing_requests`` 3 = 0.75 x 4 slots;
+- ``foresight`` (``--no-foresight``): not a policy, a yardstick
+  (``llm_autoscale_foresight``): the same Erlang bound as the LLM policy, on the rate the
+  arrivals were drawn at, 300 s ahead (the longest load), with no delay. What it misses is
+  what the bound itself misses; between it and ``fleetplane`` is what estimating the
+  demand and reacting to it cost. Not judged.
 
 ``--quick``: the hours 5:00-11:00 (the idle end of the night, the wake from zero, the
 ramp and the first burst), a minute or so.
@@ -45,11 +50,12 @@ import json
 import math
 import time
 
-from release_tests.llm_autoscale_sim import STEP_HZ, SLOTS, Settings, day_trace, simulate
+from release_tests.llm_autoscale_foresight import foresight_settings
+from release_tests.llm_autoscale_sim import LOAD_S, STEP_HZ, SLOTS, Settings, day_trace, simulate
 from release_tests.results import parse_args, record
 
 SMOKE = {"hours": "6,8", "hour_s": 600.0, "serve_tuned": False, "fleetplane_tuned": False,
-         "jobs": 1}
+         "foresight": False, "jobs": 1}
 SURGE = 0.3  # fleetplane_surge's: on the day, 0.25 and 0.35 met 94-98% of windows
 FULL_HOURS, QUICK_HOURS = "0,24", "5,11"
 SERVE_DEFAULTS = {"target_ongoing_requests": 2.0, "upscale_delay_s": 30.0,
@@ -77,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fleetplane-tuned", dest="fleetplane_tuned", action="store_false",
                    help="skip the fleetplane_surge row (surge 0.3)")
     p.add_argument("--no-serve-tuned", dest="serve_tuned", action="store_false")
+    p.add_argument("--no-foresight", dest="foresight", action="store_false",
+                   help="skip the foresight row (the bound on the known rate, a yardstick)")
+    p.add_argument("--foresight-late-share", type=float, default=None,
+                   help="the foresight row's bound (default: the LLM policy's LATE_SHARE)")
     p.add_argument("--quick", action="store_true", help=f"hours {QUICK_HOURS} only")
     p.add_argument("--smoke", action="store_true", help="what the test suite runs")
     return p
@@ -98,6 +108,11 @@ def systems(args: argparse.Namespace) -> dict[str, Settings]:
     if args.serve_tuned:
         tuned = {**bounds, **SERVE_DEFAULTS, "target_ongoing_requests": 0.75 * SLOTS}
         out["serve_tuned"] = Settings("serve", autoscaling=tuned, **common)
+    if args.foresight:
+        first = int(args.hours.split(",")[0])
+        day = foresight_settings(first, args.hour_s, args.peak_rps, args.max_replicas,
+                                 LOAD_S[1], args.foresight_late_share)
+        out["foresight"] = Settings("foresight", autoscaling=day, **common)
     return out
 
 

@@ -61,25 +61,35 @@ class Request:
     max_tokens: int
 
 
+SHAPE = (0, 0, 0, 0, 0, 0, .1, .4, .8, 1, 1, 1, .9, 1, 1, 1, .9, .7, .5, .35, .25, .15, .05, 0)
+BURSTS = {10: 0.3, 14: 0.6, 16: 0.1}  # hour: where in it a 10-minute burst starts (fraction)
+BURST_S = 600.0
+OUTPUT_TOKENS = (40, 300)
+# the mean time a request holds a slot: its prompt read in one step, its answer a token a step
+SLOT_S = (1 + sum(OUTPUT_TOKENS) / 2) / STEP_HZ
+
+
+def day_rate(hour: int, into_s: float, hour_s: float, peak_rps: float) -> float:
+    """The day's arrival rate ``into_s`` seconds into ``hour`` (0-23)."""
+    start = BURSTS.get(hour)
+    in_burst = start is not None and start <= into_s / hour_s < start + BURST_S / hour_s
+    return SHAPE[hour] * peak_rps * (2.0 if in_burst else 1.0)
+
+
 def day_trace(seed: int, hours: tuple[int, int], hour_s: float, peak_rps: float) -> list[Request]:
     """Poisson arrivals at an hourly rate shaped like a working day: an idle night (none
     from 0 to 6), a morning ramp (6-9), a day at the peak with three 10-minute bursts at
     twice it, an evening decline and a quiet late hour. Prompts of 200-2000 tokens, answers
     of 40-300 tokens (5-38 s at 8 tokens/s)."""
-    shape = [0, 0, 0, 0, 0, 0, .1, .4, .8, 1, 1, 1, .9, 1, 1, 1, .9, .7, .5, .35, .25, .15, .05,
-             0]
     rng, out = random.Random(seed), []
-    bursts = {10: 0.3, 14: 0.6, 16: 0.1}  # hour: where in it a burst starts (fraction)
     for hour in range(*hours):
-        base, t = shape[hour] * peak_rps, 0.0
-        while base > 0:
-            start = bursts.get(hour)
-            in_burst = start is not None and start <= t / hour_s < start + 600 / hour_s
-            t += rng.expovariate(base * (2.0 if in_burst else 1.0))
+        t = 0.0
+        while day_rate(hour, t, hour_s, peak_rps) > 0:
+            t += rng.expovariate(day_rate(hour, t, hour_s, peak_rps))
             if t >= hour_s:
                 break
             out.append(Request((hour - hours[0]) * hour_s + t, rng.randint(200, 2000),
-                               rng.randint(40, 300)))
+                               rng.randint(*OUTPUT_TOKENS)))
     return out
 
 
@@ -134,7 +144,7 @@ class EngineTransport:
 
 @dataclass
 class Settings:
-    system: str  # "fleetplane" or "serve"
+    system: str  # "fleetplane", "serve" or "foresight" (llm_autoscale_foresight)
     max_replicas: int
     initial_replicas: int
     health_interval_s: float
@@ -323,6 +333,10 @@ class _VirtualTime:
 
 
 def make_policy(settings: Settings, clock: FakeClock):
+    if settings.system == "foresight":
+        from release_tests.llm_autoscale_foresight import ForesightPolicy
+
+        return ForesightPolicy(settings.autoscaling, SLOTS, SLOT_S)
     return FleetplanePolicy(settings) if settings.system == "fleetplane" else \
         ServePolicy(settings, clock)
 

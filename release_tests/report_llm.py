@@ -71,6 +71,11 @@ def render_llm_autoscale(summary: dict, where: Where, name: str) -> list[str]:
                         for c in summary["criteria"]])
     results = summary.get("results", {})
     lines += table([{"system": k, **v} for k, v in results.items()], AUTOSCALE_COLUMNS)
+    if "foresight" in results:
+        lines += ["`foresight` is no policy but a yardstick: the LLM policy's Erlang bound on "
+                  "the rate the arrivals were drawn at, 300 s ahead (the longest load), "
+                  "applied at once. What it misses, the bound itself misses; the gap to "
+                  "`fleetplane` is what estimating the demand and reacting to it cost.", ""]
     series = {k: [(i * 5 / 60 + first, n) for i, n in enumerate(v.get(
         "replicas_every_5min", []))] for k, v in results.items()}
     png = report_plots.timeline(series, where.plots / f"{name}_replicas.png", "hour of day",

@@ -10,8 +10,8 @@ requests that wait longer than ``t`` seconds (Erlang C):
 where ``a`` is the offered load in busy slots (the requests in service and waiting: by
 Little's law, arrivals per second x ``s``) and ``s`` the mean time a request holds a slot.
 Unlike a fixed fill, it asks for headroom where chance needs it: at the same bound (``s``
-21 s, ``t`` 10 s, 1 in 1,000) and 4 slots an engine, 0.5 busy slots need one engine, 1
-needs two, 10 need 5 (50% full), 100 need 28 (89%).
+21 s, ``t`` 10 s, 1 in 10,000: the LLM policy's) and 4 slots an engine, 0.5 busy slots
+need two engines, 10 need 5 (50% full), 100 need 29 (86%).
 
 Pure and O(c): Erlang B by its stable recursion, B(0) = 1, B(k) = a B(k-1) / (k + a B(k-1)),
 then C = B / (1 - rho (1 - B)).
