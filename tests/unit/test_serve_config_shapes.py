@@ -302,14 +302,29 @@ def test_args_for_a_built_application_are_refused_as_serve_does():
 
 # ---- options set in code ------------------------------------------------------------------
 
-def test_code_options_fleetplane_does_not_implement_are_reported(caplog):
-    with caplog.at_level(logging.WARNING, logger="controlplane.usercode.build"):
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_code_options_fleetplane_does_not_implement_are_reported():
+    # A handler on the build's own logger, not caplog's on the root: the module built
+    # imports Ray Serve LLM, whose first import replaces the root logger's handlers.
+    logger, kept = logging.getLogger("controlplane.usercode.build"), _Kept()
+    logger.addHandler(kept)
+    try:
         [spec], warnings = build_with_warnings(app_config(f"{APPS}:unimplemented_options_app"))
+    finally:
+        logger.removeHandler(kept)
     assert spec.max_ongoing_requests == 3  # what fleetplane implements still applies
     assert warnings == [f"application 'app', deployment 'Model': {option} set in code is {NOTE}"
                         for option in ("graceful_shutdown_wait_loop_s", "logging_config",
                                        "max_replicas_per_node")]
-    assert [r.getMessage() for r in caplog.records] == warnings
+    assert kept.messages == warnings
 
 
 def test_config_fields_not_acted_on_do_not_reach_the_spec():
