@@ -46,7 +46,7 @@ from controlplane.routing.prefix_affinity import DEFAULT_BALANCE_FACTOR
 from release_tests.llm_fleet import SimFleet
 from release_tests.llm_load import closed_loop, open_loop
 from release_tests.llm_routing_stats import (criteria, decision_cost, point_stats,
-                                             within_budget)
+                                             random_p99_ratios, within_budget)
 from release_tests.llm_workloads import WORKLOADS, workload
 from release_tests.results import parse_args, record
 from tests.llm_sim.prefix_cache import GB10
@@ -223,12 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     agree_haproxy = haproxy_agreement(args, results, capacities) if args.agreement else {}
     decisions = {policy: decision_cost(policy, args.decisions) for policy in args.policies}
     _add_decisions(results, decisions)
+    ratios = random_p99_ratios(rows)
     summary = {"results": results, "capacity_rps": {f"{w}/{i}": c for (w, i), c
                                                      in capacities.items()},
                "throughput_at_equal_p99": ramps, "two_proxies": agree,
                "two_haproxies": agree_haproxy,
-               "decision_ms_64_replicas": decisions, "setup": fleet_setup(args),
-               "criteria": criteria(results, ramps, agree, decisions, agree_haproxy)}
+               "decision_ms_64_replicas": decisions, "random_p99_vs_p2c": ratios,
+               "setup": fleet_setup(args),
+               "criteria": criteria(results, ramps, agree, decisions, agree_haproxy, ratios)}
     path = record("llm_routing", summary, rows, smoke=args.smoke, argv=argv)
     for bar in summary["criteria"]:
         print(f"{'met' if bar['met'] else 'NOT MET'}: {bar['criterion']}: {bar['measured']} "

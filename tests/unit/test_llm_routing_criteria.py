@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from release_tests.llm_routing_stats import criteria
+import random as stdlib_random
+
+from release_tests.llm_routing_stats import criteria, random_p99_ratios
 
 
 def point(p99: float, max_mean: float = 1.1) -> dict:
@@ -27,3 +29,31 @@ def test_the_load_bar_counts_the_ramps_points_too():
                                   "points": [point(500, 1.2), point(900, 1.51)]}}}
     bars = {b["criterion"]: b for b in criteria({"shared_prefix": shared}, ramps, {}, {})}
     assert bars["max/mean requests per replica, every run"]["measured"] == "1.51"
+
+
+def rows(ingress: str, policy: str, ttfts: list[float], load: float = 0.8) -> list[dict]:
+    return [{"workload": "random", "ingress": ingress, "policy": policy, "load": load,
+             "ok": True, "ttft_s": t} for t in ttfts]
+
+
+def test_the_random_bar_shows_what_one_points_p99_can_tell():
+    draw = stdlib_random.Random(1)
+    base = [draw.expovariate(1.0) for _ in range(800)]
+    same = [draw.expovariate(1.0) for _ in range(800)]  # the same distribution, drawn anew
+    twice = [2 * t for t in base]
+    ratios = random_p99_ratios(rows("proxy", "p2c", base) + rows("proxy", "kv_load", same)
+                               + rows("proxy", "prefix", twice)
+                               + rows("proxy", "prefix", [99.0], load=0.5)  # not 0.8: out
+                               + [{**r, "ok": False} for r in rows("proxy", "prefix", [99.0])])
+    low, high = ratios["proxy"]["kv_load"]["interval_90"]
+    assert low < 1.0 < high and high - low > 0.1  # 8 requests over the p99: wide
+    assert ratios["proxy"]["prefix"]["ratio"] == 2.0
+    assert ratios["proxy"]["prefix"]["interval_90"][0] > 1.5  # a real doubling stands out
+    assert "p2c" not in ratios["proxy"]
+
+    random_results = {"proxy": {
+        "p2c": {"0.8": point(1000)}, "kv_load": {"0.8": point(1000 * ratios["proxy"][
+            "kv_load"]["ratio"])}}}
+    bars = criteria({"random": random_results}, {}, {}, {}, random_ratios=ratios)
+    aware = next(b for b in bars if "LLM-aware" in b["criterion"])
+    assert f"(90% interval {low - 1:+.0%} to {high - 1:+.0%})" in aware["measured"]
