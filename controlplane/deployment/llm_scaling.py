@@ -66,8 +66,8 @@ SLOPE_OVER_S = 300.0
 # level's noise is what a long downscale delay holds on to: an upscale on a chance high
 # keeps its replica for the delay. On the day trace (release_tests.llm_autoscale, seeds
 # 7,1,2,3, LATE_SHARE 1e-4), 300 s against 120 s: -1.6% to +0.4% replica-seconds and as
-# many windows met or one more each day (and fewer starts: 60 s started 69 a day, 120 s
-# 42-55, 300 s 25-39).
+# many windows met or one more each day (earlier, at LATE_SHARE 1e-3, replicas started a
+# day: 60 s 69, 120 s 42-55, 300 s 25-39).
 LEVEL_OVER_S = 300.0
 # The share of requests allowed to wait longer than ttft_target_s for a slot, were the
 # engines one queue. They are not one queue: each engine queues its own requests (routers
