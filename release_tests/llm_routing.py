@@ -17,7 +17,10 @@ ingress (the proxy, two per node as by default; HAProxy) and workload
    arrivals for ``--seconds`` (random prompts: ``--random-seconds``, 60 by default: their
    TTFT p99 is a criterion) after a warm-up (engines reset, caches empty, before each):
    TTFT p50/p99, end-to-end p99, throughput, the engines' prefix-cache hit rate
-   (``vllm:prefix_cache_hits`` / ``_queries``), max/mean requests per replica;
+   (``vllm:prefix_cache_hits`` / ``_queries``), max/mean requests per replica; random
+   prompts: p2c's 0.8 point once more after every policy (``p2c_repeat``), and each
+   policy's TTFT p99 against p2c's with a 90% bootstrap interval (``random_p99_vs_p2c``):
+   the random bars are within what one point's p99 moves by;
 3. throughput at equal p99 (shared prefix): p2c's end-to-end p99 at 0.8 is the budget;
    each of p2c, prefix and prefix_kv is driven at rising loads until its p99 passes it;
    its best throughput within it.
@@ -45,7 +48,7 @@ import time
 from controlplane.routing.prefix_affinity import DEFAULT_BALANCE_FACTOR
 from release_tests.llm_fleet import SimFleet
 from release_tests.llm_load import closed_loop, open_loop
-from release_tests.llm_routing_stats import (criteria, decision_cost, point_stats,
+from release_tests.llm_routing_stats import (REPEAT, criteria, decision_cost, point_stats,
                                              random_p99_ratios, within_budget)
 from release_tests.llm_workloads import WORKLOADS, workload
 from release_tests.results import parse_args, record
@@ -96,6 +99,21 @@ def grid(fleet: SimFleet, ingress: str, args, results: dict, rows: list, capacit
                 rows += [{"workload": name, "ingress": ingress, "policy": policy,
                           "load": load, **vars(o)} for o in outcomes]
                 print(f"[{ingress}] {name} {policy} x{load}: {_line(stats)}", flush=True)
+        if name == "random":
+            repeat_p2c(fleet, ingress, cap, args, rows)
+
+
+def repeat_p2c(fleet: SimFleet, ingress: str, cap: float, args, rows: list) -> None:
+    """Random prompts: p2c at 0.8 once more, after every policy (``p2c_repeat``, the same
+    arrivals): what one point's p99 moves by between two runs of one policy, and any
+    drift over the grid, beside the policies' differences (the random bars show it)."""
+    if "p2c" not in args.policies or 0.8 not in args.loads:
+        return
+    fleet.set_policy("p2c")
+    stats, outcomes = run_point(fleet, "random", cap * 0.8, args, seed=80)
+    rows += [{"workload": "random", "ingress": ingress, "policy": REPEAT, "load": 0.8,
+              **vars(o)} for o in outcomes]
+    print(f"[{ingress}] random p2c again x0.8: {_line(stats)}", flush=True)
 
 
 def ramp(fleet: SimFleet, ingress: str, args, results: dict, capacities: dict) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random as stdlib_random
 
-from release_tests.llm_routing_stats import criteria, random_p99_ratios
+from release_tests.llm_routing_stats import REPEAT, criteria, random_p99_ratios
 
 
 def point(p99: float, max_mean: float = 1.1) -> dict:
@@ -43,6 +43,7 @@ def test_the_random_bar_shows_what_one_points_p99_can_tell():
     twice = [2 * t for t in base]
     ratios = random_p99_ratios(rows("proxy", "p2c", base) + rows("proxy", "kv_load", same)
                                + rows("proxy", "prefix", twice)
+                               + rows("proxy", REPEAT, [1.1 * t for t in base])
                                + rows("proxy", "prefix", [99.0], load=0.5)  # not 0.8: out
                                + [{**r, "ok": False} for r in rows("proxy", "prefix", [99.0])])
     low, high = ratios["proxy"]["kv_load"]["interval_90"]
@@ -56,4 +57,6 @@ def test_the_random_bar_shows_what_one_points_p99_can_tell():
             "kv_load"]["ratio"])}}}
     bars = criteria({"random": random_results}, {}, {}, {}, random_ratios=ratios)
     aware = next(b for b in bars if "LLM-aware" in b["criterion"])
-    assert f"(90% interval {low - 1:+.0%} to {high - 1:+.0%})" in aware["measured"]
+    assert f"(90% interval {low - 1:+.0%} to {high - 1:+.0%}); p2c run again: +10%" in \
+        aware["measured"]
+    assert not any(REPEAT in b["criterion"] for b in bars)  # p2c's second run is not judged
