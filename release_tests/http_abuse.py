@@ -194,15 +194,18 @@ def abusers(port: int, url: str, header_timeout_s: float) -> dict[str, tuple[int
 
 
 def run_abuse(port: int, url: str, duration_s: float, header_timeout_s: float) -> dict:
-    """Every kind at once, each client starting again until ``duration_s`` has passed;
-    per kind, the answers seen."""
+    """Every kind at once, each client once and then again until ``duration_s`` has
+    passed (once at least: on a busy machine a client's thread may start after the
+    deadline); per kind, the answers seen."""
     seen: dict[str, Counter] = {}
     deadline = time.monotonic() + duration_s
 
     def loop(kind: str, client) -> None:
-        while time.monotonic() < deadline:
+        while True:
             outcome = client()
             seen[kind][str(getattr(outcome, "status", outcome))] += 1
+            if time.monotonic() >= deadline:
+                return
     kinds = abusers(port, url, header_timeout_s)
     seen.update({kind: Counter() for kind in kinds})
     with ThreadPoolExecutor(sum(n for n, _ in kinds.values())) as pool:
