@@ -56,7 +56,7 @@ from release_tests.results import parse_args, record
 
 SMOKE = {"hours": "6,8", "hour_s": 600.0, "serve_tuned": False, "fleetplane_tuned": False,
          "foresight": False, "jobs": 1}
-SURGE = 0.3  # fleetplane_surge's: headroom for the day's bursts (what it costs and meets: MEASURED.md)
+SURGE = 0.3  # fleetplane_surge's: headroom for the day's bursts (its cost: MEASURED.md)
 FULL_HOURS, QUICK_HOURS = "0,24", "5,11"
 SERVE_DEFAULTS = {"target_ongoing_requests": 2.0, "upscale_delay_s": 30.0,
                   "downscale_delay_s": 600.0, "look_back_period_s": 30.0}
