@@ -18,6 +18,7 @@ from typing import Any
 
 from controlplane.deployment.erlang import engines_for
 from controlplane.deployment.llm_scaling import LATE_SHARE, LLMScaling
+from release_tests.llm_autoscale_sim import day_rate
 
 LOOK_EVERY_S = 10.0  # the look-ahead's sampling of the rate
 
@@ -38,8 +39,6 @@ class ForesightPolicy:
         pass  # it knows the rate
 
     def rate(self, at_s: float) -> float:
-        from release_tests.llm_autoscale_sim import day_rate
-
         day = self._day
         hour_s = day["hour_s"]
         hour = day["first_hour"] + int(at_s // hour_s)

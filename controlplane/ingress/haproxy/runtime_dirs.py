@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from controlplane.ingress.haproxy.config import Paths
+from controlplane.ingress.haproxy.process import HAProxyProcess
+
 logger = logging.getLogger(__name__)
 KEEP_S = 24 * 3600.0  # a stopped HAProxy's directory (its log) is kept this long
 PREFIX = "haproxy-"
@@ -33,11 +36,10 @@ def runtime_dir(namespace: str, node_id: str, base: Path | None = None) -> Path:
 
 
 def _running(directory: Path) -> bool:
-    """Its HAProxy's master still runs (a pid we cannot read counts as running if the
-    directory is fresh: it may be starting)."""
-    try:
-        pid = int((directory / "haproxy.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+    """Its HAProxy's master still runs, by its pid file (none: not running; a directory
+    whose HAProxy is starting is spared by its age, in ``prune``)."""
+    pid = HAProxyProcess(Paths(directory), executable="-").pid
+    if pid is None:
         return False
     try:
         os.kill(pid, 0)
