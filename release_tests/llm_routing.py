@@ -15,7 +15,8 @@ ingress (the proxy, two per node as by default; HAProxy) and workload
 2. for each policy (p2c, round_robin, prefix, kv_load, prefix_kv), set live by a redeploy
    of ``request_router_config``, and each load (0.5, 0.8, 1.0 x that capacity), Poisson
    arrivals for ``--seconds`` (random prompts: ``--random-seconds``, 60 by default: their
-   TTFT p99 is a criterion) after a warm-up (engines reset, caches empty, before each):
+   TTFT p99 is a criterion) after a warm-up (engines reset, caches empty, before each;
+   shared prefixes: ``--session-warmup-s``, 30 s, their chat sessions' steady mix):
    TTFT p50/p99, end-to-end p99, throughput, the engines' prefix-cache hit rate
    (``vllm:prefix_cache_hits`` / ``_queries``), max/mean requests per replica; random
    prompts: p2c's 0.8 point once more after every policy (``p2c_repeat``), and each
@@ -57,11 +58,22 @@ from tests.llm_sim.prefix_cache import GB10
 POLICIES = ("p2c", "round_robin", "prefix", "kv_load", "prefix_kv")
 LOADS = (0.5, 0.8, 1.0)
 RAMP = (1.0, 1.12, 1.25, 1.4, 1.6, 2.0)  # 1.12 = 1.4 x 0.8: the issue's bar against p2c at 0.8
-QUICK = {"seconds": 10.0, "random_seconds": 30.0, "warmup_s": 4.0, "capacity_s": 10.0,
+QUICK = {"seconds": 10.0, "random_seconds": 30.0, "warmup_s": 4.0, "session_warmup_s": 15.0,
+         "capacity_s": 10.0,
          "ramp_loads": "1.12,1.25,1.4"}
 SMOKE = {"replicas": 2, "ingresses": "proxy", "workloads": "shared_prefix",
          "policies": "p2c,prefix", "loads": "0.8", "seconds": 4.0, "warmup_s": 2.0,
+         "session_warmup_s": 2.0,
          "capacity_s": 4.0, "ramp": False, "agreement": False, "decisions": 200}
+
+
+def warmup_s(args, name: str) -> float:
+    """The warm-up before a point of workload ``name``: the shared prefixes' chat sessions
+    take ``--session-warmup-s`` to reach their steady mix of turns (a session lives up to
+    8 turns of a reply and 10-30 GB10 seconds of reading: about 50 s at speedup 4; in the
+    first 10 s nearly every chat is a first turn, the mean prompt 2,500 tokens where it
+    settles near 3,500 from 30 s on); random prompts have no sessions."""
+    return args.warmup_s if name == "random" else args.session_warmup_s
 
 
 def run_point(fleet: SimFleet, name: str, rate: float, args, seed: int) -> tuple[dict, list]:
@@ -70,7 +82,7 @@ def run_point(fleet: SimFleet, name: str, rate: float, args, seed: int) -> tuple
     seconds = args.random_seconds if name == "random" else args.seconds
     fleet.reset_engines()
     load = workload(name, seed, args.speedup)
-    asyncio.run(open_loop(fleet.base_urls, load, rate, args.warmup_s, seed))
+    asyncio.run(open_loop(fleet.base_urls, load, rate, warmup_s(args, name), seed))
     before = fleet.engine_stats()
     outcomes = asyncio.run(open_loop(fleet.base_urls, load, rate, seconds, seed + 1))
     return point_stats(outcomes, before, fleet.engine_stats(), seconds), outcomes
@@ -81,7 +93,7 @@ def capacity(fleet: SimFleet, name: str, args) -> float:
     fleet.reset_engines()
     load = workload(name, 0, args.speedup)
     clients = args.replicas * GB10.slots * 2  # every slot busy and as many waiting
-    asyncio.run(closed_loop(fleet.base_url, load, clients, args.warmup_s))
+    asyncio.run(closed_loop(fleet.base_url, load, clients, warmup_s(args, name)))
     outcomes = asyncio.run(closed_loop(fleet.base_url, load, clients, args.capacity_s))
     return sum(o.ok for o in outcomes) / args.capacity_s
 
@@ -203,7 +215,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="measured per point of the random workload: its criterion is a TTFT "
                    "p99 within 5%% of p2c's (at 20 s, about 240 requests, p99 is the 3rd "
                    "worst: one run's noise was +-25%%)")
-    p.add_argument("--warmup-s", type=float, default=5.0)
+    p.add_argument("--warmup-s", type=float, default=5.0,
+                   help="before each point of random prompts (engines reset)")
+    p.add_argument("--session-warmup-s", type=float, default=30.0,
+                   help="before each point of shared prefixes: their chat sessions' steady "
+                   "mix of turns (see warmup_s)")
     p.add_argument("--capacity-s", type=float, default=15.0)
     p.add_argument("--decisions", type=int, default=5000)
     p.add_argument("--balance-factor", type=float, default=None,
@@ -276,7 +292,8 @@ def fleet_setup(args) -> dict:
             "steps_per_s": round(args.speedup / GB10.step_s, 1),
             "prefill_tokens_per_step": GB10.prefill_tokens_per_step,
             "seconds": args.seconds, "random_seconds": args.random_seconds,
-            "warmup_s": args.warmup_s, "loads": args.loads,
+            "warmup_s": args.warmup_s, "session_warmup_s": args.session_warmup_s,
+            "loads": args.loads,
             "balance_factor": args.balance_factor or DEFAULT_BALANCE_FACTOR,
             "calibration": "vLLM DGX Spark guide (June 2026): Nemotron-3-Super-120B-A12B-NVFP4 "
                            "on one GB10, --max-num-seqs 4"}

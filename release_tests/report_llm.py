@@ -10,6 +10,14 @@ COLUMNS = ["ingress", "policy", "load", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_m
            "throughput_rps", "hit_rate", "max_mean_load", "failed", "decision_p99_ms"]
 
 
+def _warmups(setup: dict) -> str:
+    """The warm-up before each point (a run from before ``session_warmup_s`` had one)."""
+    if setup.get("session_warmup_s") is None:
+        return f"{setup.get('warmup_s')} s warm-up"
+    return (f"warm-up of {setup['session_warmup_s']} s for shared prefixes (their chat "
+            f"sessions' steady mix of turns) and {setup.get('warmup_s')} s for random prompts")
+
+
 def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
     setup = summary.get("setup", {})
     lines = [f"{setup.get('replicas')} replicas of `VLLMServer` on the engine simulator, "
@@ -20,7 +28,7 @@ def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
              f"p2c completes, closed loop): {_capacities(summary)}. Loads are fractions of "
              f"it, Poisson, {setup.get('seconds')} s measured (random prompts: "
              f"{setup.get('random_seconds', setup.get('seconds'))} s) after a "
-             f"{setup.get('warmup_s')} s warm-up on reset engines. HAProxy's p2c and kv_load "
+             f"{_warmups(setup)} on reset engines. HAProxy's p2c and kv_load "
              "are its leastconn (it sees no KV-cache use).", ""]
     if summary.get("criteria"):
         lines += ["What the issue asked, and what this run measured:", ""]

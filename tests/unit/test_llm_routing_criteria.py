@@ -60,3 +60,38 @@ def test_the_random_bar_shows_what_one_points_p99_can_tell():
     assert f"(90% interval {low - 1:+.0%} to {high - 1:+.0%}); p2c run again: +10%" in \
         aware["measured"]
     assert not any(REPEAT in b["criterion"] for b in bars)  # p2c's second run is not judged
+
+
+def test_shared_prefix_points_warm_up_until_their_sessions_settle():
+    from types import SimpleNamespace
+
+    from release_tests.llm_routing import warmup_s
+    from release_tests.report_llm import _warmups
+
+    args = SimpleNamespace(warmup_s=5.0, session_warmup_s=30.0)
+    assert (warmup_s(args, "shared_prefix"), warmup_s(args, "random")) == (30.0, 5.0)
+    assert "30.0 s for shared prefixes" in _warmups(vars(args))
+    assert _warmups({"warmup_s": 5.0}) == "5.0 s warm-up"  # a run recorded before
+
+
+def test_the_session_mix_settles_within_the_shared_warm_up():
+    """Why 30 s: in the first 10 s nearly every chat is a first turn (the mean prompt
+    lighter by a quarter); from 30 s on, 10 s windows are within 10% of each other."""
+    import heapq
+
+    from release_tests.llm_workloads import workload
+
+    now = [0.0]
+    load = workload("shared_prefix", 80, 4.0, clock=lambda: now[0])
+    rng, pending, windows = stdlib_random.Random(1), [], {}
+    while now[0] < 90:
+        now[0] += rng.expovariate(35.0)
+        while pending and pending[0][0] <= now[0]:
+            load.answered(heapq.heappop(pending)[2], True)
+        request = load.next()
+        windows.setdefault(int(now[0] // 10), []).append(request.prompt_tokens)
+        heapq.heappush(pending, (now[0] + 0.8, id(request), request))
+    mean = {w: sum(v) / len(v) for w, v in windows.items() if w < 9}
+    settled = [mean[w] for w in range(3, 9)]
+    assert mean[0] < 0.8 * min(settled)
+    assert max(settled) < 1.1 * min(settled)
