@@ -53,13 +53,24 @@ def affine_replica(members: ReplicaMembers, affinity: Affinity, load_of: LoadOf,
 def _cold(members: ReplicaMembers, start: str, load_of: LoadOf, rng: random.Random,
           score_of: LoadOf) -> str | None:
     home = next((r for r in members.ring().walk(start) if load_of(r) is not None), None)
-    ids = list(members.by_id)
-    other = rng.choice(ids) if ids else None
-    if other is None or other == home or score_of(other) is None:
+    other = _other_than(list(members.by_id), home, rng)
+    if other is None or score_of(other) is None:
         return home
     if home is None:
         return other
     return home if score_of(home) <= score_of(other) else other
+
+
+def _other_than(ids: list[str], home: str | None, rng: random.Random) -> str | None:
+    """A replica other than ``home``, each alike (as power of two choices draws its two
+    apart: drawn from every replica, the second was the home itself 1 time in N, and the
+    prompt had no choice)."""
+    if not ids or ids == [home]:
+        return None
+    other = rng.choice(ids)
+    while other == home:
+        other = rng.choice(ids)
+    return other
 
 
 def next_in_turn(members: ReplicaMembers, ids: Sequence[str], load_of: LoadOf) -> str | None:

@@ -234,3 +234,26 @@ def test_a_cold_prompt_goes_by_load_between_its_ring_replica_and_one_other():
 
     assert first_placement(warm=True) == home  # within the bound: its prefix's replica
     assert first_placement(warm=False) != home  # cold: the idle one of the two
+
+
+def test_a_cold_prompts_second_candidate_is_never_its_ring_replica():
+    """Power of two choices draws two apart: with two replicas a cold prompt always sees
+    both (drawn from every replica, its second was its home half the time: no choice)."""
+    from controlplane.routing.prefix_affinity import block_keys
+
+    affinity = Affinity("a cold start", block_keys("nobody sent this " * 40), 0)
+    home = next(HashRing(IDS[:2]).walk("a cold start"))
+
+    def placement(seed: int) -> str:
+        h = Harness()
+        h.make(replicas=2, max_ongoing=8, seed=seed, policy=RoutingPolicy("prefix"))
+
+        async def main() -> str:
+            h.router._cache.probe_answered(home, 1, h.clock.monotonic())
+            asyncio.get_running_loop().create_task(h.router.assign("q", affinity=affinity))
+            await settle()
+            return h.transport.where("q")
+
+        return h.run(main)
+
+    assert {placement(seed) for seed in range(12)} == {IDS[1] if home == IDS[0] else IDS[0]}
