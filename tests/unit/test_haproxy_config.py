@@ -34,6 +34,14 @@ def test_longest_prefix_first_at_segment_boundaries_and_a_404_default(tmp_path):
     assert "retry-on conn-failure empty-response" in text and "option redispatch 1" in text
 
 
+def test_streamed_answers_pass_chunk_by_chunk_in_every_proxy(tmp_path):
+    """``option http-no-delay`` in the defaults: HAProxy's default held a streamed
+    answer's first token about 200 ms waiting for more (release_tests.llm_routing)."""
+    text = render(Paths(tmp_path), "127.0.0.1", 8000, {"/web": "web/M"})
+    defaults, frontend = text.index("\ndefaults\n"), text.index("\nfrontend ")
+    assert defaults < text.index("    option http-no-delay\n") < frontend
+
+
 def test_an_invalid_configuration_is_refused_with_haproxys_words(tmp_path):
     with pytest.raises(RuntimeError, match="HAProxy refused its configuration"):
         HAProxyProcess(Paths(tmp_path)).check("frontend x\n    bind 127.0.0.1:1\n    nonsense\n")

@@ -36,6 +36,9 @@ application route, servers added at run time (dynamic servers, no reload per rep
   binary: ``errorfile 400``, ``errorfiles`` and ``http-error status 400`` leave it as
   is), and a larger buffer costs memory per connection.
 
+``option http-no-delay``: a streamed answer (tokens, server-sent events) is passed on chunk
+by chunk as the replica writes it, not held by the kernel for more (see ``_globals``).
+
 A reload's old worker passes its listeners to the new worker and keeps the responses it
 is sending. ``option idle-close-on-response``: a client's idle keep-alive connection there
 is not closed under the client (a request racing that close fails: 8 did in one reload
@@ -194,7 +197,13 @@ def _globals(paths: Paths, limits: HTTPLimits, timeout_server_s: float,
         "    option redispatch 1",
         "    retry-on conn-failure empty-response",
         "    load-server-state-from-file global",
-        "    option idle-close-on-response"]
+        "    option idle-close-on-response",
+        # Each chunk sent as it comes (TCP_NODELAY, no MSG_MORE), both sides: by default
+        # HAProxy tells the kernel more is coming while a message is unfinished, and a
+        # streamed answer's first token waited ~200 ms (release_tests.llm_routing: TTFT
+        # p50 206-209 ms at every load, 107 ms through the proxy). Ray Serve 2.60's
+        # HAProxy sets it too (RAY_SERVE_HAPROXY_TCP_NODELAY, on by default).
+        "    option http-no-delay"]
 
 
 def _frontend(host: str, port: int, routes: dict[str, str], draining: bool,
