@@ -123,8 +123,23 @@ def provenance(result: dict) -> str:
             f" cores, {m.get('memory_gib', '?')} GiB, Python {m.get('python', '?')}.")
 
 
+# Found after a section's run, at the commit it ran at: said under its provenance until a
+# later run replaces it ((section, commit) -> what the reader should know).
+FOUND_SINCE = {
+    ("llm_routing", "2304628"):
+        "Found in this run and fixed since (b8a73c0): HAProxy held each streamed answer's "
+        "first chunk ~200 ms (no `option http-no-delay`: the kernel waited for more), so "
+        "every TTFT through HAProxy here carries it (p50 206-211 ms at every load, where "
+        "the proxy's prefix policies answer in 107-186 ms); the bars compare policies "
+        "through the same HAProxy, so each side of a HAProxy bar has it.",
+}
+
+
 def section(name: str, title: str, about: str, result: dict, where: Where) -> str:
     lines = [f"## {title}", "", provenance(result), ""]
+    found = FOUND_SINCE.get((name, str(result.get("commit"))[:7]))
+    if found:
+        lines += [f"**{found}**", ""]
     if about:
         lines += [about, ""]
     render = RENDERERS.get(name, render_generic)
