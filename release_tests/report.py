@@ -130,7 +130,7 @@ FOUND_SINCE = {
         "Found in this run and fixed since (b8a73c0): HAProxy held each streamed answer's "
         "first chunk ~200 ms (no `option http-no-delay`: the kernel waited for more), so "
         "every TTFT through HAProxy here carries it (p50 206-211 ms at every load, where "
-        "the proxy's prefix policies answer in 107-186 ms); the bars compare policies "
+        "the proxy's prefix policies answer in 107-189 ms); the bars compare policies "
         "through the same HAProxy, so each side of a HAProxy bar has it.",
 }
 
