@@ -53,7 +53,7 @@ def affine_replica(members: ReplicaMembers, affinity: Affinity, load_of: LoadOf,
 def _cold(members: ReplicaMembers, start: str, load_of: LoadOf, rng: random.Random,
           score_of: LoadOf) -> str | None:
     home = next((r for r in members.ring().walk(start) if load_of(r) is not None), None)
-    other = _other_than(list(members.by_id), home, rng)
+    other = _other_than(members.ids, home, rng)
     if other is None or score_of(other) is None:
         return home
     if home is None:

@@ -19,6 +19,7 @@ from controlplane.wire import ReplicaInfo
 class ReplicaMembers:
     def __init__(self) -> None:
         self.by_id: dict[str, ReplicaInfo] = {}
+        self.ids: list[str] = []  # by_id's keys, for sampling without a copy a request
         self.holders: dict[str, list[str]] = {}  # multiplexed model id -> replica ids
         self._pushed: tuple | None = None  # the last push's tuple, to skip a rebuild
         self._ring: HashRing | None = None  # over by_id, built when first asked for
@@ -35,6 +36,7 @@ class ReplicaMembers:
     def replace(self, replicas: Iterable[ReplicaInfo]) -> None:
         """The placeable set is now ``replicas``."""
         self.by_id = {r.replica_id: r for r in replicas}
+        self.ids = list(self.by_id)
         self._ring = None
         if len(self.index):
             self.index.keep_only(self.by_id)
