@@ -18,6 +18,12 @@ def _warmups(setup: dict) -> str:
             f"sessions' steady mix of turns) and {setup.get('warmup_s')} s for random prompts")
 
 
+def _rounds(setup: dict) -> str:
+    rounds = setup.get("random_rounds") or 1
+    return (f"; at 0.8, {rounds} rounds of every policy in turn, each policy's pooled"
+            if rounds > 1 else "")
+
+
 def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
     setup = summary.get("setup", {})
     lines = [f"{setup.get('replicas')} replicas of `VLLMServer` on the engine simulator, "
@@ -27,7 +33,8 @@ def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
              f"max_ongoing_requests {setup.get('max_ongoing_requests')}. Capacity (requests/s "
              f"p2c completes, closed loop): {_capacities(summary)}. Loads are fractions of "
              f"it, Poisson, {setup.get('seconds')} s measured (random prompts: "
-             f"{setup.get('random_seconds', setup.get('seconds'))} s) after a "
+             f"{setup.get('random_seconds', setup.get('seconds'))} s{_rounds(setup)}) "
+             "after a "
              f"{_warmups(setup)} on reset engines. HAProxy's p2c and kv_load "
              "are its leastconn (it sees no KV-cache use).", ""]
     if summary.get("criteria"):

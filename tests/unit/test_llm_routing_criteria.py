@@ -95,3 +95,70 @@ def test_the_session_mix_settles_within_the_shared_warm_up():
     settled = [mean[w] for w in range(3, 9)]
     assert mean[0] < 0.8 * min(settled)
     assert max(settled) < 1.1 * min(settled)
+
+
+def outcome(ttft_s: float, ok: bool = True):
+    from release_tests.llm_load import Outcome
+
+    return Outcome(sent_at=0.0, ttft_s=ttft_s, e2e_s=2 * ttft_s, ok=ok,
+                   status=200 if ok else 502, prompt_tokens=100)
+
+
+def test_a_policys_rounds_pool_their_requests():
+    from release_tests.llm_routing_stats import pooled_stats
+
+    one = [outcome(t / 100) for t in range(1, 101)]  # 10 ms .. 1 s
+    two = [outcome(t / 100 + 1) for t in range(1, 101)] + [outcome(9.0, ok=False)]
+    stats = pooled_stats([
+        ({"ttft_p99_ms": 1000.0, "throughput_rps": 10.0, "hit_rate": 0.2,
+          "max_mean_load": 1.3}, one),
+        ({"ttft_p99_ms": 2000.0, "throughput_rps": 12.0, "hit_rate": 0.4,
+          "max_mean_load": 1.1}, two)])
+    assert stats["ttft_p99_ms"] == 1990.0  # the pool's: round two's slowest
+    assert stats["ttft_p50_ms"] == 1010.0  # not either round's
+    assert (stats["sent"], stats["failed"]) == (201, 1)
+    assert stats["throughput_rps"] == 11.0 and abs(stats["hit_rate"] - 0.3) < 1e-9
+    assert stats["max_mean_load"] == 1.3  # the worst round: the load bar is per run
+    assert stats["rounds_ttft_p99_ms"] == [1000.0, 2000.0]
+
+
+def test_random_rounds_run_every_policy_in_turn_on_each_rounds_arrivals(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from release_tests import llm_routing
+
+    ran = []
+
+    class Fleet:
+        def set_policy(self, policy):
+            self.policy = policy
+
+    def run_point(fleet, name, rate, args, seed):
+        ran.append((fleet.policy, seed, name, rate))
+        ttft = {"p2c": 1.0, "prefix": 1.25, "kv_load": 0.75}[fleet.policy] * (1 + seed // 1000)
+        return ({"ttft_p99_ms": ttft * 1000, "ttft_p50_ms": 0.0, "e2e_p99_ms": 0.0,
+                 "throughput_rps": 1.0, "hit_rate": 0.0, "max_mean_load": 1.0,
+                 "failed": 0}, [outcome(ttft)])
+
+    monkeypatch.setattr(llm_routing, "run_point", run_point)
+    args = SimpleNamespace(policies=["p2c", "prefix", "kv_load"], random_rounds=3)
+    results, rows = {}, []
+    llm_routing.random_rounds(Fleet(), "proxy", 10.0, args, results, rows)
+    assert [p for p, *_ in ran] == ["p2c", "prefix", "kv_load", "prefix", "kv_load", "p2c",
+                                    "kv_load", "p2c", "prefix"]
+    assert [s for _, s, *_ in ran] == [80] * 3 + [1080] * 3 + [2080] * 3  # a round's arrivals
+    assert {(name, rate) for *_, name, rate in ran} == {("random", 8.0)}
+    prefix = results["random"]["proxy"]["prefix"]["0.8"]
+    assert prefix["rounds_ttft_p99_ms"] == [1250.0, 2500.0, 3750.0]
+    assert len([r for r in rows if r["policy"] == "prefix" and r["load"] == 0.8]) == 3
+    ratios = random_p99_ratios(rows)
+    assert ratios["proxy"]["prefix"]["ratio"] == 1.25  # over the pooled p2c's
+
+
+def test_the_random_bar_says_how_far_p2cs_own_rounds_spread():
+    base = {**point(1000), "rounds_ttft_p99_ms": [900.0, 1000.0, 1100.0]}
+    bars = criteria({"random": {"proxy": {"p2c": {"0.8": base},
+                                          "prefix": {"0.8": point(1040)}}}}, {}, {}, {})
+    aware = next(b for b in bars if "LLM-aware" in b["criterion"])
+    assert aware["measured"] == "+4%; p2c's 3 rounds alone: -10% to +10% of its pool"
+    assert aware["met"]
