@@ -21,9 +21,9 @@ ingress (the proxy, two per node as by default; HAProxy) and workload
    requests per replica. Random prompts at 0.8 (their TTFT p99 is a bar) run in
    ``--random-rounds`` (3) rounds of every policy in turn, each policy's rounds pooled
    (``random_rounds``), and each policy's TTFT p99 against p2c's comes with a 90%
-   bootstrap interval (``random_p99_vs_p2c``) and p2c's rounds' own spread: what one
-   run's p99 can tell (with one round, p2c's point runs once more after every policy,
-   ``p2c_repeat``);
+   bootstrap interval (``random_p99_vs_p2c``) and its ratio in each round (a gap every
+   round shows is the policy's; with one round, p2c's point runs once more after every
+   policy instead, ``p2c_repeat``: what one run's p99 moves by);
 3. throughput at equal p99 (shared prefix): p2c's end-to-end p99 at 0.8 is the budget;
    each of p2c, prefix and prefix_kv is driven at rising loads until its p99 passes it;
    its best throughput within it.
