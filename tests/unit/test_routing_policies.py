@@ -72,8 +72,9 @@ def test_kv_load_passes_over_an_engine_near_preemption():
     assert set(placed(p2c, [(f"q{i}", None) for i in range(4)])) == {"r0", "r1"}
 
 
-def test_under_pressure_kv_use_only_breaks_ties():
-    assert kv_score(2, 0.5, 8) < kv_score(2, 0.6, 8) < kv_score(3, 0.0, 8)
+def test_under_pressure_kv_use_is_not_weighed():
+    """A stale use breaking ties would send every router's ties to one engine."""
+    assert kv_score(2, 0.5, 8) == kv_score(2, 0.1, 8) == 2 < kv_score(3, 0.0, 8)
     assert kv_score(0, 0.95, 8) > kv_score(7, 0.1, 8)
 
 
