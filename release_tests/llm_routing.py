@@ -124,7 +124,7 @@ def _keep(results: dict, rows: list, where: tuple, stats: dict, outcomes: list) 
     results.setdefault(name, {}).setdefault(ingress, {}).setdefault(policy, {})[
         str(load)] = stats
     rows += [{"workload": name, "ingress": ingress, "policy": policy, "load": load,
-              **vars(o)} for o in outcomes]
+              "round": None, **vars(o)} for o in outcomes]  # every row names the columns
     print(f"[{ingress}] {name} {policy} x{load}: {_line(stats)}", flush=True)
 
 
@@ -145,8 +145,10 @@ def random_rounds(fleet: SimFleet, ingress: str, cap: float, args, results: dict
             print(f"[{ingress}] random {policy} x0.8 round {k + 1}: {_line(stats)}",
                   flush=True)
     for policy, done in points.items():
-        _keep(results, rows, ("random", ingress, policy, 0.8), pooled_stats(done),
-              [o for _, outcomes in done for o in outcomes])
+        _keep(results, rows, ("random", ingress, policy, 0.8), pooled_stats(done), [])
+        rows += [{"workload": "random", "ingress": ingress, "policy": policy, "load": 0.8,
+                  "round": k + 1, **vars(o)} for k, (_, outcomes) in enumerate(done)
+                 for o in outcomes]
 
 
 def repeat_p2c(fleet: SimFleet, ingress: str, cap: float, args, rows: list) -> None:
@@ -158,7 +160,7 @@ def repeat_p2c(fleet: SimFleet, ingress: str, cap: float, args, rows: list) -> N
     fleet.set_policy("p2c")
     stats, outcomes = run_point(fleet, "random", cap * 0.8, args, seed=80)
     rows += [{"workload": "random", "ingress": ingress, "policy": REPEAT, "load": 0.8,
-              **vars(o)} for o in outcomes]
+              "round": None, **vars(o)} for o in outcomes]
     print(f"[{ingress}] random p2c again x0.8: {_line(stats)}", flush=True)
 
 
@@ -279,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and not args.smoke:  # QUICK's defaults; a flag given still wins
         parser.set_defaults(**QUICK)
         args = parser.parse_args(argv)
+    if args.random_rounds < 1:
+        parser.error("--random-rounds must be at least 1 (1: each point once)")
     for name in ("ingresses", "workloads", "policies"):
         setattr(args, name, getattr(args, name).split(","))
     args.loads = [0.8] if args.quick else [float(x) for x in args.loads.split(",")]
