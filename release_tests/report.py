@@ -132,6 +132,15 @@ FOUND_SINCE = {
         "every TTFT through HAProxy here carries it (p50 206-211 ms at every load, where "
         "the proxy's prefix policies answer in 107-189 ms); the bars compare policies "
         "through the same HAProxy, so each side of a HAProxy bar has it.",
+    ("llm_routing", "10d04a5"):
+        "Read with the proxy's throughput bar: p2c's ramp point at 1.0 of capacity missed "
+        "its own 0.8 budget by 6 ms (e2e p99 2,584 against 2,578 ms), so p2c's throughput "
+        "within it is its 0.8 point's (18.0 req/s) and the ratio 1.57x; had that point "
+        "passed, 28.2 against 22.55 req/s is 1.25x. Through HAProxy p2c's 1.0 point "
+        "missed by 58% (3,079 ms), so 1.59x there does not rest on a step. The random bars "
+        "are judged on three rounds pooled: the proxy's prefix_kv is over p2c in every "
+        "round (+10%, +9%, +22%) while prefix, the same placement on prompts that share "
+        "nothing since the KV tie-break went, is -1%, -8%, +1%: not explained yet.",
 }
 
 
