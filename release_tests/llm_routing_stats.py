@@ -169,7 +169,8 @@ def criteria(results: dict, ramps: dict, agree: dict, decisions: dict,
         out += _random_bars(ingress, policies, (random_ratios or {}).get(ingress, {}))
     loads = [s["max_mean_load"] for w in results.values() for i in w.values()
              for p in i.values() for s in p.values()]
-    loads += [pair["2"]["max_mean_load"] for pair in (agree, agree_haproxy or {}) if "2" in pair]
+    loads += [pair[n]["max_mean_load"] for pair in (agree, agree_haproxy or {})
+              for n in ("1", "2") if n in pair]  # one proxy per node is a run of its own
     loads += [point["max_mean_load"] for by_policy in ramps.values()
               for ramp in by_policy.values() for point in ramp["points"]]
     if loads:

@@ -29,6 +29,10 @@ def test_the_load_bar_counts_the_ramps_points_too():
                                   "points": [point(500, 1.2), point(900, 1.51)]}}}
     bars = {b["criterion"]: b for b in criteria({"shared_prefix": shared}, ramps, {}, {})}
     assert bars["max/mean requests per replica, every run"]["measured"] == "1.51"
+    one_proxy = {"1": point(500, 1.53), "2": point(500, 1.2)}  # the agreement's own run
+    bars = {b["criterion"]: b for b in criteria({"shared_prefix": shared}, ramps, one_proxy,
+                                                {})}
+    assert bars["max/mean requests per replica, every run"]["measured"] == "1.53"
 
 
 def rows(ingress: str, policy: str, ttfts: list[float], load: float = 0.8) -> list[dict]:
