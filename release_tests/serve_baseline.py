@@ -21,6 +21,7 @@ import ray
 from ray import serve
 
 from release_tests import noop_app
+from release_tests.serve_peer import init_local_ray
 
 
 def application(args: argparse.Namespace) -> serve.Application:
@@ -50,9 +51,8 @@ def main() -> None:
                         help="logging_config={'enable_access_log': False}")
     args = parser.parse_args()
     app = application(args)
-    # address="local": a Ray of its own, never a cluster another run started on this
-    # machine (Ray's "auto" joins the last one: there, fleetplane may answer Serve's name)
-    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    # a Ray of its own: Ray's "auto" joins the last one, where fleetplane may answer Serve's name
+    init_local_ray()
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(app, route_prefix="/noop")
     print("READY", flush=True)

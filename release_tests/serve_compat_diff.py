@@ -25,6 +25,7 @@ from controlplane.config.schema import parse_deploy_config
 from controlplane.instance import Client
 from release_tests.machine import describe_line
 from release_tests.results import parse_args, record
+from release_tests.serve_peer import init_local_ray
 from tests.integration import serve_compat_apps as apps
 
 MODULE = "tests.integration.serve_compat_apps"
@@ -146,9 +147,9 @@ def main() -> int:
         parser.error(f"--apps: unknown {sorted(set(names) - {a[0] for a in APPS})}")
     chosen = [a for a in APPS if a[0] in names]
     started = time.monotonic()
-    # address="local": a Ray of its own, never a cluster a `ray start` on this machine
-    # recorded (which would refuse num_cpus)
-    ray.init(address="local", num_cpus=16, include_dashboard=False, log_to_driver=False)
+    # a Ray of its own, never a cluster a `ray start` on this machine recorded (which
+    # would refuse num_cpus)
+    init_local_ray(num_cpus=16)
     try:
         start_serve(args.serve_port, chosen)
         client = start_fleetplane(args.fleetplane_port, chosen)

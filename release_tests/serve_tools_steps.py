@@ -149,7 +149,8 @@ SERVE_ITSELF = textwrap.dedent("""
     import json, sys, time
     import ray
     from ray import serve
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from release_tests.serve_peer import init_local_ray
+    init_local_ray(num_cpus=2)
     from deployments.demo_app import api_app
     serve.start(http_options={"host": "127.0.0.1", "port": 0})
     serve.run(api_app, name="api", route_prefix="/api")
