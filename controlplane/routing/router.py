@@ -36,7 +36,7 @@ import contextlib
 import logging
 import random
 from collections import deque
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
@@ -294,20 +294,28 @@ class Router:
             return None
         policy = self._config.policy
         replica_id = affine_replica(
-            self._members, affinity, self._load_of, self._cache.member_load_total(),
-            policy.balance_factor, AFFINITY_FLOOR, self._rng,
-            self._kv_load_of if policy.uses_kv else self._load_of)
-        return None if replica_id is None else self._probe_and_reserve(replica_id)
+            self._members, affinity, self._looked_at(self._load_of),
+            self._cache.member_load_total(), policy.balance_factor, AFFINITY_FLOOR, self._rng,
+            self._looked_at(self._kv_load_of if policy.uses_kv else self._load_of))
+        return None if replica_id is None else self._reserve(replica_id, self._clock.monotonic())
 
     def _next_in_turn(self) -> ReplicaInfo | None:
-        replica_id = next_in_turn(self._members, self._cache.member_ids(), self._load_of)
-        return None if replica_id is None else self._probe_and_reserve(replica_id)
+        replica_id = next_in_turn(self._members, self._cache.member_ids(),
+                                  self._looked_at(self._load_of))
+        return None if replica_id is None else self._reserve(replica_id, self._clock.monotonic())
 
-    def _probe_and_reserve(self, replica_id: str) -> ReplicaInfo:
+    def _looked_at(self, load_of: Callable[[str], Any]) -> Callable[[str], Any]:
+        """``load_of``, refreshing (in the background) the cache of every replica a decision
+        looks at, as for p2c's candidates: a cold prompt's second candidate too, not only
+        the replica chosen (with only that one refreshed, the other's load, compared
+        against, stayed as old as its last choice)."""
         now = self._clock.monotonic()
-        if self._cache.needs_probe(replica_id, now):  # as for p2c's candidates: fresh loads
-            self._start_probe(replica_id)
-        return self._reserve(replica_id, now)
+
+        def look(replica_id: str) -> Any:
+            if self._cache.needs_probe(replica_id, now):
+                self._start_probe(replica_id)
+            return load_of(replica_id)
+        return look
 
     def _place_in(self, replica_ids: Any, hint: str | None) -> ReplicaInfo | None:
         now = self._clock.monotonic()

@@ -258,3 +258,22 @@ def test_a_cold_prompts_second_candidate_is_never_its_ring_replica():
         return h.run(main)
 
     assert {placement(seed) for seed in range(12)} == {IDS[1] if home == IDS[0] else IDS[0]}
+
+
+def test_both_of_a_cold_prompts_candidates_have_their_loads_refreshed():
+    """As power of two choices refreshes both of its pair: the candidate passed over too,
+    or its load, compared against next time, stays as old as its last choice."""
+    from controlplane.routing.prefix_affinity import block_keys
+
+    affinity = Affinity("a cold start", block_keys("nobody sent this " * 40), 0)
+    h = Harness()
+    h.make(replicas=4, max_ongoing=8, seed=3, policy=RoutingPolicy("prefix_kv"))
+
+    async def main() -> None:
+        asyncio.get_running_loop().create_task(h.router.assign("q", affinity=affinity))
+        await settle()
+
+    h.run(main)
+    home = next(HashRing(IDS).walk("a cold start"))
+    assert len(set(h.transport.probed)) == 2 and home in h.transport.probed
+    assert h.transport.where("q") in h.transport.probed
