@@ -58,6 +58,30 @@ def within_budget(stats: dict, budget_ms: float) -> bool:
     return stats["failed"] == 0 and stats["e2e_p99_ms"] <= budget_ms
 
 
+def throughput_at_budget(points: list[dict], budget_ms: float) -> tuple[float, list]:
+    """A ramp's throughput where its end-to-end p99 reaches ``budget_ms``, and the two
+    loads it lies between ([load] when the last point tried is within it; [] when none
+    is): the straight line between the last point within the budget and the first past
+    it (the ramp's points in order, the first one past it ending the ramp), read at the
+    budget. Read off the steps instead (the best point within it), a ramp whose next point
+    missed by 6 ms counted as its last point's throughput: 1.0 against 1.12 and 1.25 of
+    capacity is a 12-25% step in the ratio. A point past it with failures adds nothing
+    (the last point within it stands)."""
+    last = None
+    for point in points:
+        if within_budget(point, budget_ms):
+            last = point
+            continue
+        if last is None:
+            return 0.0, []
+        if point["failed"]:
+            return last["throughput_rps"], [last["load"]]
+        share = (budget_ms - last["e2e_p99_ms"]) / (point["e2e_p99_ms"] - last["e2e_p99_ms"])
+        rps = last["throughput_rps"] + share * (point["throughput_rps"] - last["throughput_rps"])
+        return rps, [last["load"], point["load"]]
+    return (last["throughput_rps"], [last["load"]]) if last else (0.0, [])
+
+
 class _Instant:
     """A transport whose probes answer at once (the decision is what is timed)."""
 

@@ -49,12 +49,14 @@ def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
     lines += _plots(summary, where, name)
     ramps = summary.get("throughput_at_equal_p99") or {}
     ramp_rows = [{"ingress": ingress, "policy": policy, "p99 budget (ms)":
-                  r["budget_e2e_p99_ms"], "throughput within it (req/s)": r["throughput_rps"],
-                  "loads tried": len(r["points"])}
+                  r["budget_e2e_p99_ms"], "throughput at it (req/s)": r["throughput_rps"],
+                  **_ramp_reading(r)}
                  for ingress, by_policy in ramps.items() for policy, r in by_policy.items()]
     if ramp_rows:
         lines += ["Throughput at equal p99 (shared prefix: each policy at rising loads until "
-                  "its end-to-end p99 passes p2c's at 0.8):", ""] + table(ramp_rows)
+                  "its end-to-end p99 passes p2c's at 0.8; read on the line between the "
+                  "last load within the budget and the first past it, where a run has "
+                  "`between_loads`):", ""] + table(ramp_rows)
     for key, what, column in (("two_proxies", "One proxy against two", "proxies"),
                               ("two_haproxies", "One node's HAProxy against two nodes' "
                                "(peers; each request to either node at random)", "haproxies")):
@@ -64,6 +66,16 @@ def render_llm_routing(summary: dict, where: Where, name: str) -> list[str]:
                            [column, "hit_rate", "ttft_p50_ms", "ttft_p99_ms",
                             "throughput_rps"])
     return lines
+
+
+def _ramp_reading(ramp: dict) -> dict:
+    """Each load tried, with its end-to-end p99 (ms), and where the throughput was read (runs
+    before the line was drawn took the best point within the budget: no ``between_loads``)."""
+    tried = ", ".join(f"{p.get('load', 0.8):g}: {p['e2e_p99_ms']:,.0f}" for p in ramp["points"])
+    between = ramp.get("between_loads")
+    return {"e2e p99 by load": tried,
+            "read between loads": "-".join(f"{x:g}" for x in between) if between
+            else "best point within"}
 
 
 AUTOSCALE_COLUMNS = ["system", "replica_seconds", "failed", "requests", "held", "held_wait_s",

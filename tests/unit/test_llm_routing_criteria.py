@@ -167,3 +167,56 @@ def test_the_random_bar_shows_the_ratio_in_each_round():
     aware = next(b for b in bars if "LLM-aware" in b["criterion"])
     assert aware["measured"] == "+4%; by round: +10%, -5%, +10%"
     assert aware["met"]
+
+
+def ramp_point(load: float, e2e_p99: float, rps: float, failed: int = 0) -> dict:
+    return {"load": load, "e2e_p99_ms": e2e_p99, "throughput_rps": rps, "failed": failed}
+
+
+def test_throughput_at_the_budget_lies_on_the_line_between_the_points_around_it():
+    from release_tests.llm_routing_stats import throughput_at_budget
+
+    points = [ramp_point(0.8, 1000, 18.0), ramp_point(1.0, 1500, 22.0),
+              ramp_point(1.12, 3500, 26.0)]
+    assert throughput_at_budget(points, 2500) == (24.0, [1.0, 1.12])  # halfway in p99
+    assert throughput_at_budget(points[:2], 2500) == (22.0, [1.0])  # the last tried within
+    assert throughput_at_budget(points, 900) == (0.0, [])  # none within
+    # a point past it that failed requests: the last one within stands, no line to it
+    failing = points[:2] + [ramp_point(1.12, 2000, 26.0, failed=3)]
+    assert throughput_at_budget(failing, 2500) == (22.0, [1.0])
+    # just past the budget: barely over the last point's, not a step to it
+    rps, _ = throughput_at_budget([ramp_point(0.8, 2578, 18.0), ramp_point(1.0, 2584, 22.55)],
+                                  2578)
+    assert rps == 18.0
+
+
+def test_the_ramp_pools_a_load_the_grid_ran_and_reads_at_the_budget(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from release_tests import llm_routing
+
+    class Fleet:
+        def set_policy(self, policy):
+            self.policy = policy
+
+    seeds = []
+
+    def run_point(fleet, name, rate, args, seed):
+        seeds.append(seed)
+        e2e = {1.0: 1.8, 1.12: 3.0}[round(rate / 10, 2)]
+        return ({"ttft_p99_ms": 0.0, "ttft_p50_ms": 0.0, "e2e_p99_ms": e2e * 1000,
+                 "throughput_rps": rate, "hit_rate": 0.0, "max_mean_load": 1.0,
+                 "failed": 0}, [outcome(e2e / 2)])
+
+    monkeypatch.setattr(llm_routing, "run_point", run_point)
+    base = {"ttft_p99_ms": 0.0, "ttft_p50_ms": 0.0, "e2e_p99_ms": 2000.0,
+            "throughput_rps": 8.0, "hit_rate": 0.0, "max_mean_load": 1.0, "failed": 0}
+    results = {"shared_prefix": {"proxy": {"p2c": {"0.8": base}}}}
+    grid_run = ({**base, "e2e_p99_ms": 2200.0, "throughput_rps": 10.0}, [outcome(1.1)] * 99)
+    args = SimpleNamespace(ramp=True, ramp_loads=[1.0, 1.12])
+    out = llm_routing.ramp(Fleet(), "proxy", args, results, {("shared_prefix", "proxy"): 10.0},
+                           {("p2c", 1.0): grid_run})["p2c"]
+    assert seeds == [100 + llm_routing.RAMP_SEED]  # pooled with the grid's: past the budget
+    assert out["points"][1]["e2e_p99_ms"] == 2200.0 and out["points"][1]["runs"] == 2
+    assert out["between_loads"] == [0.8, 1.0]
+    assert out["throughput_rps"] == 8.0  # p2c's own budget: its 0.8 point, where p99 rises
