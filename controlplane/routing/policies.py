@@ -78,6 +78,7 @@ class Affinity:
     start: str  # on the hash ring
     blocks: tuple[int, ...] = ()  # for the router's prefix index (prompt policies)
     start_blocks: int = 0  # how many of ``blocks`` the start covers
+    continued: bool = False  # a conversation's later turn (``Prompt.continued``)
 
 
 @dataclass(frozen=True)
@@ -136,4 +137,5 @@ class RoutingPolicy:
 def _of_prompt(prompt: Prompt | None) -> Affinity | None:
     if prompt is None:
         return None
-    return Affinity(prompt.start, block_keys(prompt.text), prompt.start_chars // BLOCK_CHARS)
+    return Affinity(prompt.start, block_keys(prompt.text), prompt.start_chars // BLOCK_CHARS,
+                    prompt.continued)

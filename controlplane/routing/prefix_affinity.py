@@ -55,6 +55,7 @@ class Prompt:
     text: str  # the prompt as read, in order, at most max_chars
     start: str  # the ring key: the conversation's start
     start_chars: int  # how much of ``text`` the start covers (its blocks)
+    continued: bool = False  # a chat with messages after its start: a conversation's turn 2+
 
 
 def read_prompt(body: Any, max_chars: int = MAX_PROMPT_CHARS) -> Prompt | None:
@@ -103,7 +104,8 @@ def _chat_prompt(messages: list[Any], max_chars: int) -> Prompt | None:
             break
     if not parts:
         return None
-    return Prompt("".join(parts)[:max_chars], "".join(start), start_chars)
+    return Prompt("".join(parts)[:max_chars], "".join(start), start_chars,
+                  continued=len(parts) > len(start))
 
 
 def block_keys(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:

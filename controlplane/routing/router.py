@@ -292,11 +292,10 @@ class Router:
         without an affinity or when none qualifies (then by load)."""
         if affinity is None or not len(self._members):
             return None
-        policy = self._config.policy
         replica_id = affine_replica(
             self._members, affinity, self._looked_at(self._load_of),
-            self._cache.member_load_total(), policy.balance_factor, AFFINITY_FLOOR, self._rng,
-            self._looked_at(self._kv_load_of if policy.uses_kv else self._load_of))
+            self._cache.member_load_total(), self._config.policy.balance_factor,
+            AFFINITY_FLOOR)
         return None if replica_id is None else self._reserve(replica_id, self._clock.monotonic())
 
     def _next_in_turn(self) -> ReplicaInfo | None:
@@ -306,9 +305,9 @@ class Router:
 
     def _looked_at(self, load_of: Callable[[str], Any]) -> Callable[[str], Any]:
         """``load_of``, refreshing (in the background) the cache of every replica a decision
-        looks at, as for p2c's candidates: a cold prompt's second candidate too, not only
-        the replica chosen (with only that one refreshed, the other's load, compared
-        against, stayed as old as its last choice)."""
+        looks at, as for p2c's candidates: a replica a ring walk passed over as past the
+        bound too, not only the replica chosen (its load, compared against next time,
+        stayed as old as its last choice)."""
         now = self._clock.monotonic()
 
         def look(replica_id: str) -> Any:

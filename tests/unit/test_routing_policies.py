@@ -81,7 +81,7 @@ def test_under_pressure_kv_use_is_not_weighed():
 def conversation(turns: int, start: str = "system: shared\nuser: hello\n") -> Affinity:
     text = start + "".join(f"turn {t} " * 40 for t in range(turns))
     from controlplane.routing.prefix_affinity import block_keys
-    return Affinity(start, block_keys(text), len(start) // BLOCK_CHARS)
+    return Affinity(start, block_keys(text), len(start) // BLOCK_CHARS, continued=turns > 0)
 
 
 def test_a_conversation_the_bound_spilled_follows_its_blocks_in_this_router():
@@ -212,68 +212,66 @@ def test_a_process_keys_handle_calls_and_http_bodies_by_the_deployments_policy()
     assert h.run(main) == [home, home]
 
 
-def test_a_cold_prompt_goes_by_load_between_its_ring_replica_and_one_other():
+def test_a_cold_prompt_is_placed_as_p2c_places_a_request_without_one():
+    """A prompt whose first block this router never sent anywhere has no affinity: the
+    same replicas, in the same order, as p2c with the same random draws."""
     from controlplane.routing.prefix_affinity import block_keys
 
-    text = "a prompt no router has seen " * 40
+    def placements(policy: str) -> list[str]:
+        h = Harness()
+        h.make(replicas=4, max_ongoing=8, seed=5, policy=RoutingPolicy(policy))
+        requests = []
+        for i in range(12):
+            affinity = Affinity(f"start {i}", block_keys(f"nobody sent this {i} " * 40), 0)
+            requests.append((f"q{i}", affinity if policy == "prefix" else None))
+        return placed(h, requests)
+
+    assert placements("prefix") == placements("p2c")
+
+
+def test_a_chat_with_messages_after_its_start_is_a_later_turn():
+    policy = RoutingPolicy("prefix")
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    later = first + [{"role": "assistant", "content": "hello"},
+                     {"role": "user", "content": "and?"}]
+    assert not policy.of_http([], json.dumps({"messages": first}).encode()).continued
+    assert policy.of_http([], json.dumps({"messages": later}).encode()).continued
+    assert not policy.of_http([], json.dumps({"prompt": "x" * 5000}).encode()).continued
+
+
+def test_a_prompt_this_router_sent_before_goes_to_its_ring_replica():
+    from controlplane.routing.prefix_affinity import block_keys
+
+    text = "a prompt sent once before " * 40
     affinity = Affinity("start of it", block_keys(text), 0)
     home = next(HashRing(IDS).walk("start of it"))
-
-    def first_placement(warm: bool) -> str:
-        h = Harness()
-        h.make(replicas=4, max_ongoing=8, seed=5, policy=RoutingPolicy("prefix"))
-
-        async def main() -> str:
-            h.router._cache.probe_answered(home, 1, h.clock.monotonic())  # one request there
-            if warm:  # this router once sent the prompt's first block somewhere
-                h.router._members.index.insert("elsewhere", affinity.blocks[:1])
-            asyncio.get_running_loop().create_task(h.router.assign("q", affinity=affinity))
-            await settle()
-            return h.transport.where("q")
-
-        return h.run(main)
-
-    assert first_placement(warm=True) == home  # within the bound: its prefix's replica
-    assert first_placement(warm=False) != home  # cold: the idle one of the two
-
-
-def test_a_cold_prompts_second_candidate_is_never_its_ring_replica():
-    """Power of two choices draws two apart: with two replicas a cold prompt always sees
-    both (drawn from every replica, its second was its home half the time: no choice)."""
-    from controlplane.routing.prefix_affinity import block_keys
-
-    affinity = Affinity("a cold start", block_keys("nobody sent this " * 40), 0)
-    home = next(HashRing(IDS[:2]).walk("a cold start"))
-
-    def placement(seed: int) -> str:
-        h = Harness()
-        h.make(replicas=2, max_ongoing=8, seed=seed, policy=RoutingPolicy("prefix"))
-
-        async def main() -> str:
-            h.router._cache.probe_answered(home, 1, h.clock.monotonic())
-            asyncio.get_running_loop().create_task(h.router.assign("q", affinity=affinity))
-            await settle()
-            return h.transport.where("q")
-
-        return h.run(main)
-
-    assert {placement(seed) for seed in range(12)} == {IDS[1] if home == IDS[0] else IDS[0]}
-
-
-def test_both_of_a_cold_prompts_candidates_have_their_loads_refreshed():
-    """As power of two choices refreshes both of its pair: the candidate passed over too,
-    or its load, compared against next time, stays as old as its last choice."""
-    from controlplane.routing.prefix_affinity import block_keys
-
-    affinity = Affinity("a cold start", block_keys("nobody sent this " * 40), 0)
     h = Harness()
-    h.make(replicas=4, max_ongoing=8, seed=3, policy=RoutingPolicy("prefix_kv"))
+    h.make(replicas=4, max_ongoing=8, seed=5, policy=RoutingPolicy("prefix"))
 
-    async def main() -> None:
+    async def main() -> str:
+        h.router._cache.probe_answered(home, 1, h.clock.monotonic())  # one request there
+        h.router._members.index.insert("elsewhere", affinity.blocks[:1])  # warm
         asyncio.get_running_loop().create_task(h.router.assign("q", affinity=affinity))
         await settle()
+        return h.transport.where("q")
+
+    assert h.run(main) == home  # within the bound: its prefix's replica, load aside
+
+
+def test_a_replica_the_ring_walk_passed_over_has_its_load_refreshed():
+    """As power of two choices refreshes both of its pair: a replica passed over as past
+    the bound too, or its load, compared against next time, stays as old as its last
+    choice."""
+    h = Harness()  # the paper's factor: the floor, 2 requests, is the bound here
+    h.make(replicas=4, max_ongoing=8, seed=3, policy=RoutingPolicy("prefix",
+                                                                   balance_factor=1.25))
+    walk = list(HashRing(IDS).walk("hot"))
+
+    async def main() -> None:
+        for name in ("a", "b", "c"):
+            asyncio.get_running_loop().create_task(h.router.assign(name, affinity=Affinity("hot")))
+            await settle()
 
     h.run(main)
-    home = next(HashRing(IDS).walk("a cold start"))
-    assert len(set(h.transport.probed)) == 2 and home in h.transport.probed
-    assert h.transport.where("q") in h.transport.probed
+    assert [h.transport.where(n) for n in "abc"] == [walk[0], walk[0], walk[1]]
+    assert h.transport.probed == [walk[0], walk[1]]  # the home, then the one it spilled to
