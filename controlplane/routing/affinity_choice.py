@@ -10,20 +10,23 @@
   within the bound (``prefix_index``): the conversation's history is there, where the
   bound once spilled it.
 
-A prompt whose first block this router has never sent anywhere is *cold*: likely no
-engine holds it (a random prompt), and the ring alone would place it blind to load
-(measured: TTFT p99 20% over p2c's on prompts that share nothing). A cold prompt that
-starts a conversation (a completion, or a chat with nothing after its start) has no
-affinity here (None): the router places it by the policy's load rule, exactly as p2c (or
-kv_load) would, as HAProxy's path sends an unseen start by ``leastconn``. A cold later turn
-(a chat with messages after its start: another router sent its earlier turns) goes to its
-start's replica on the ring within the bound, where every router sends the conversation
-from its second turn: the first turn's cache is missed once, and the routers agree after.
+A prompt whose first block this router has never sent anywhere is *cold* (``is_cold``):
+likely no engine holds it (a random prompt), and the ring alone would place it blind to
+load (measured: TTFT p99 20% over p2c's on prompts that share nothing). A cold prompt that
+starts a conversation (a completion, or a chat with nothing after its start) goes where
+power of two choices would send it, unless its ring replica is as lightly loaded as that
+pick (``home_or``): near idle, or at a tie, the ring replica, so a conversation's first turn
+lands where every router sends its later ones; under load, never to a busier replica than
+p2c's: it takes p2c's pick or a replica no busier (as the routers see them). A cold later
+turn (a chat with messages after its start: another router sent
+its earlier turns) goes to its start's replica on the ring within the bound, as every
+router sends it.
 
 Before, a cold prompt went to the less loaded of its ring replica and one other, ties to
 the ring replica: on random prompts through the proxy (``release_tests.llm_routing``,
 rounds of every policy on the same arrivals, exploratory, at 21d7c96) its TTFT p99 was
-+16%, +9%, +17% against p2c's, where placed by p2c it was -17%, -1%, -13%.
++16%, +9%, +17% against p2c's, where placed by p2c it was -17%, -1%, -13% (what a round
+moves by).
 
 ``next_in_turn``: round robin, the first replica with room from where the last turn ended.
 """
@@ -40,13 +43,30 @@ LoadOf = Callable[[str], "int | None"]
 AFFINITY_FLOOR = 2  # requests a replica always takes for its own prefixes (if it has room)
 
 
+def is_cold(members: ReplicaMembers, affinity: Affinity) -> bool:
+    """A conversation's start whose first block this router never sent anywhere."""
+    return (not affinity.continued and bool(affinity.blocks)
+            and members.index.match(affinity.blocks[:1])[0] is None)
+
+
+def home_or(members: ReplicaMembers, start: str, by_load: str | None,
+            score_of: LoadOf) -> str | None:
+    """A cold prompt's replica: its start's first replica with room on the ring when that is
+    as lightly loaded (``score_of``: the policy's load) as ``by_load``, power of two
+    choices' pick (None: it found no room), else the pick."""
+    home = next((r for r in members.ring().walk(start) if score_of(r) is not None), None)
+    if home is None:
+        return by_load
+    if by_load is None or score_of(home) <= score_of(by_load):
+        return home
+    return by_load
+
+
 def affine_replica(members: ReplicaMembers, affinity: Affinity, load_of: LoadOf,
                    total_load: int, balance_factor: float, floor: int) -> str | None:
-    """``floor``: the bound never goes under it (``prefix_affinity.capacity``). None: no
-    affinity places it (cold, or none within the bound): by load."""
-    if not affinity.continued and affinity.blocks \
-            and members.index.match(affinity.blocks[:1])[0] is None:
-        return None  # cold, a conversation's start: by load, as p2c
+    """A warm prompt's (or a later turn's, or a session's) replica, within the bound;
+    ``floor``: the bound never goes under it (``prefix_affinity.capacity``). None: none
+    within the bound (by load)."""
     replica_id = choose(members.ring(), affinity.start, load_of, total_load, balance_factor,
                         floor)
     holder, matched = members.index.match(affinity.blocks)

@@ -41,7 +41,8 @@ from typing import Any, AsyncIterator, Callable, Iterable
 from controlplane.clock import Clock
 from controlplane.errors import BackpressureError, ReplicaUnavailableError, RouterClosedError
 from controlplane.routing.admission import RetryAdvisor
-from controlplane.routing.affinity_choice import AFFINITY_FLOOR, affine_replica, next_in_turn
+from controlplane.routing.affinity_choice import (AFFINITY_FLOOR, affine_replica, home_or,
+                                                  is_cold, next_in_turn)
 from controlplane.routing.members import ReplicaMembers
 from controlplane.routing.placement import choose_replica, sample_candidates
 from controlplane.routing.policies import Affinity, RoutingPolicy, kv_score
@@ -292,10 +293,15 @@ class Router:
         without an affinity or when none qualifies (then by load)."""
         if affinity is None or not len(self._members):
             return None
-        replica_id = affine_replica(
-            self._members, affinity, self._looked_at(self._load_of),
-            self._cache.member_load_total(), self._config.policy.balance_factor,
-            AFFINITY_FLOOR)
+        if is_cold(self._members, affinity):
+            replica_id = home_or(self._members, affinity.start,
+                                 self._pick(self._cache.member_ids(), None),
+                                 self._looked_at(self._policy_load_of()))
+        else:
+            replica_id = affine_replica(
+                self._members, affinity, self._looked_at(self._load_of),
+                self._cache.member_load_total(), self._config.policy.balance_factor,
+                AFFINITY_FLOOR)
         return None if replica_id is None else self._reserve(replica_id, self._clock.monotonic())
 
     def _next_in_turn(self) -> ReplicaInfo | None:
@@ -317,16 +323,21 @@ class Router:
         return look
 
     def _place_in(self, replica_ids: Any, hint: str | None) -> ReplicaInfo | None:
+        replica_id = self._pick(replica_ids, hint)
+        return None if replica_id is None else self._reserve(replica_id, self._clock.monotonic())
+
+    def _pick(self, replica_ids: Any, hint: str | None) -> str | None:
+        """Power of two choices on the policy's load; refreshes the candidates' cache."""
         now = self._clock.monotonic()
-        load_of = self._kv_load_of if self._config.policy.uses_kv else self._load_of
-        placement = choose_replica(replica_ids, load_of, self._rng,
+        placement = choose_replica(replica_ids, self._policy_load_of(), self._rng,
                                    hint=hint, max_pairs=self._settings.max_pairs)
         for replica_id in placement.candidates:
             if self._cache.needs_probe(replica_id, now):
                 self._start_probe(replica_id)
-        if placement.replica_id is None:
-            return None
-        return self._reserve(placement.replica_id, now)
+        return placement.replica_id
+
+    def _policy_load_of(self) -> Callable[[str], Any]:
+        return self._kv_load_of if self._config.policy.uses_kv else self._load_of
 
     def _reserve(self, replica_id: str, now: float) -> ReplicaInfo:
         self._cache.reserve(replica_id)

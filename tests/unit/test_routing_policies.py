@@ -212,21 +212,31 @@ def test_a_process_keys_handle_calls_and_http_bodies_by_the_deployments_policy()
     assert h.run(main) == [home, home]
 
 
-def test_a_cold_prompt_is_placed_as_p2c_places_a_request_without_one():
-    """A prompt whose first block this router never sent anywhere has no affinity: the
-    same replicas, in the same order, as p2c with the same random draws."""
+def cold_start(seed: int, home_load: int) -> tuple[str, str]:
+    """Where a conversation's cold first turn goes with ``home_load`` requests already on
+    its ring replica (others' load, as a probe told this router), and the ring replica."""
     from controlplane.routing.prefix_affinity import block_keys
 
-    def placements(policy: str) -> list[str]:
-        h = Harness()
-        h.make(replicas=4, max_ongoing=8, seed=5, policy=RoutingPolicy(policy))
-        requests = []
-        for i in range(12):
-            affinity = Affinity(f"start {i}", block_keys(f"nobody sent this {i} " * 40), 0)
-            requests.append((f"q{i}", affinity if policy == "prefix" else None))
-        return placed(h, requests)
+    affinity = Affinity("a cold start", block_keys("nobody sent this " * 40), 0)
+    home = next(HashRing(IDS).walk("a cold start"))
+    h = Harness()
+    h.make(replicas=4, max_ongoing=8, seed=seed, policy=RoutingPolicy("prefix"))
 
-    assert placements("prefix") == placements("p2c")
+    async def main() -> str:
+        h.router._cache.probe_answered(home, home_load, h.clock.monotonic())
+        asyncio.get_running_loop().create_task(h.router.assign("q", affinity=affinity))
+        await settle()
+        return h.transport.where("q")
+
+    return h.run(main), home
+
+
+def test_a_cold_conversation_start_goes_to_its_ring_replica_when_no_busier_than_p2cs_pick():
+    for seed in range(8):
+        where, home = cold_start(seed, home_load=0)
+        assert where == home  # a tie (idle): where every router sends the conversation
+        where, home = cold_start(seed, home_load=1)
+        assert where != home  # p2c's pick, an idle replica: never a busier one
 
 
 def test_a_chat_with_messages_after_its_start_is_a_later_turn():
