@@ -143,6 +143,15 @@ FOUND_SINCE = {
         "nothing since the KV tie-break went, is -1%, -8%, +1%: not explained yet. The "
         "max/mean bar here left out the one-proxy agreement run, at 1.4988 (within 1.5; "
         "counted since).",
+    ("llm_routing", "cee1211"):
+        "Read with the proxy's random bar: it is judged on the three rounds pooled (+3% "
+        "for prefix_kv, the worst LLM-aware policy), but prefix_kv's p99 was over p2c's by "
+        "+14% and +17% in rounds 1 and 2 and +3% in round 3, whose slower requests weigh "
+        "most in the pool. On these prompts prefix_kv places exactly as prefix does (KV "
+        "use stays under 37%, never weighed), and prefix was -13%, -6%, -7%. What differs "
+        "is the order: in every round's rotation prefix_kv runs right after kv_load. Not "
+        "explained yet. Round robin, the baseline, is +19% through the proxy and +26% "
+        "through HAProxy.",
 }
 
 
