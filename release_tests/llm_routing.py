@@ -84,7 +84,8 @@ def warmup_s(args, name: str) -> float:
 
 def run_point(fleet: SimFleet, name: str, rate: float, args, seed: int) -> tuple[dict, list]:
     """One open-loop point: engines reset, a warm-up, then ``args.seconds`` measured
-    (``args.random_seconds`` for the random workload)."""
+    (``args.random_seconds`` for the random workload). The routers' prefix index is
+    emptied by a policy change, not here: one policy's next point draws other prompts."""
     seconds = args.random_seconds if name == "random" else args.seconds
     fleet.reset_engines()
     load = workload(name, seed, args.speedup)
@@ -142,7 +143,11 @@ def random_rounds(fleet: SimFleet, ingress: str, cap: float, args, results: dict
     every policy on the round's arrivals (drawn anew each round), the policies in a
     rotated order each round (a drift over the run falls on each alike); each policy's
     point is its rounds pooled (``pooled_stats``): one round's p99 is the few slowest
-    requests of a minute, and two runs of p2c differed by up to 20%."""
+    requests of a minute, and two runs of p2c differed by up to 20%. A policy change
+    empties the routers' prefix index (``Router.update_config``): before 2026-12-07 it did
+    not, and prefix_kv, run after prefix on the same round's prompts, read each one as
+    sent before (to its ring replica, load aside): +14% and +17% over p2c in two rounds
+    where prefix, placing alike, was -13% and -6%."""
     points: dict[str, list] = {policy: [] for policy in args.policies}
     for k in range(args.random_rounds):
         turn = args.policies[k % len(args.policies):] + args.policies[:k % len(args.policies)]

@@ -1,7 +1,8 @@
 """A router's placeable replicas, as the owning shard last pushed them: by id, by the
 multiplexed models each holds (a request for a model goes first to a holder with room), on
 a hash ring for prefix affinity (built on first use: 64 points a replica), with the prefix
-index of the blocks this router sent each (``prefix_index``) and the round-robin turn.
+index of the blocks this router sent each (``prefix_index``; emptied when the policy
+changes) and the round-robin turn.
 
 Rebuilt only when a push brings another replica tuple: a push that changed only the
 deployment's limits or its cluster total keeps the tuple it had, and the rebuild is skipped.
@@ -44,6 +45,10 @@ class ReplicaMembers:
         for r in self.by_id.values():
             for model_id in r.model_ids:
                 self.holders.setdefault(model_id, []).append(r.replica_id)
+
+    def forget_prompts(self) -> None:
+        """The prefix index starts empty (the deployment's policy changed)."""
+        self.index = PrefixIndex()
 
     def ring(self) -> HashRing:
         """The members on a consistent-hash ring (the same ring in every router)."""

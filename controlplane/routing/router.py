@@ -94,7 +94,12 @@ class Router:
         self._dispatch()
 
     def update_config(self, config: RoutingConfig) -> None:
-        """New limits apply to the next decision; queued requests keep their place."""
+        """New limits apply to the next decision; queued requests keep their place. Another
+        policy starts with an empty prefix index: what this router sent where under the old
+        one no longer says what the engines hold (a policy that keys no prompt records
+        nothing while the caches move on)."""
+        if config.policy.name != self._config.policy.name:
+            self._members.forget_prompts()
         self._config = config
         self._dispatch()
 

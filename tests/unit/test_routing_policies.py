@@ -268,6 +268,38 @@ def test_a_prompt_this_router_sent_before_goes_to_its_ring_replica():
     assert h.run(main) == home  # within the bound: its prefix's replica, load aside
 
 
+@pytest.mark.parametrize("policies, goes_home", [
+    (("prefix", "prefix"), True),  # a new limit, the same policy: the index holds
+    (("kv_load", "prefix_kv"), False),  # another policy ran: the prompt is cold again
+])
+def test_a_policy_change_empties_the_index_and_a_new_limit_keeps_it(policies, goes_home):
+    """Under a policy that keys no prompt the engines' caches move on and the index does
+    not: back on a prompt policy, its old entries would send each prompt to its ring
+    replica, load aside (release_tests.llm_routing ran prefix, kv_load then prefix_kv on
+    one round's prompts: prefix_kv read every random prompt as warm)."""
+    from dataclasses import replace
+
+    from controlplane.routing.prefix_affinity import block_keys
+
+    affinity = Affinity("start of it", block_keys("a prompt sent once before " * 40), 0)
+    home = next(HashRing(IDS).walk("start of it"))
+    h = Harness()
+    h.make(replicas=4, max_ongoing=8, seed=5, policy=RoutingPolicy("prefix"))
+    h.router._members.index.insert("elsewhere", affinity.blocks[:1])  # sent under prefix
+    config = h.router._config
+    for name in policies:
+        h.router.update_config(replace(config, max_ongoing_requests=6,
+                                       policy=RoutingPolicy(name)))
+
+    async def main() -> str:
+        h.router._cache.probe_answered(home, 1, h.clock.monotonic())  # busier than the rest
+        asyncio.get_running_loop().create_task(h.router.assign("q", affinity=affinity))
+        await settle()
+        return h.transport.where("q")
+
+    assert (h.run(main) == home) is goes_home  # cold: the less loaded of p2c's pair
+
+
 def test_a_replica_the_ring_walk_passed_over_has_its_load_refreshed():
     """As power of two choices refreshes both of its pair: a replica passed over as past
     the bound too, or its load, compared against next time, stays as old as its last
