@@ -125,34 +125,7 @@ def provenance(result: dict) -> str:
 
 # Found after a section's run, at the commit it ran at: said under its provenance until a
 # later run replaces it ((section, commit) -> what the reader should know).
-FOUND_SINCE = {
-    ("llm_routing", "2304628"):
-        "Found in this run and fixed since (b8a73c0): HAProxy held each streamed answer's "
-        "first chunk ~200 ms (no `option http-no-delay`: the kernel waited for more), so "
-        "every TTFT through HAProxy here carries it (p50 206-211 ms at every load, where "
-        "the proxy's prefix policies answer in 107-189 ms); the bars compare policies "
-        "through the same HAProxy, so each side of a HAProxy bar has it.",
-    ("llm_routing", "10d04a5"):
-        "Read with the proxy's throughput bar: p2c's ramp point at 1.0 of capacity missed "
-        "its own 0.8 budget by 6 ms (e2e p99 2,584 against 2,578 ms), so p2c's throughput "
-        "within it is its 0.8 point's (18.0 req/s) and the ratio 1.57x; had that point "
-        "passed, 28.2 against 22.55 req/s is 1.25x. Through HAProxy p2c's 1.0 point "
-        "missed by 58% (3,079 ms), so 1.59x there does not rest on a step. The random bars "
-        "are judged on three rounds pooled: the proxy's prefix_kv is over p2c in every "
-        "round (+10%, +9%, +22%) while prefix, the same placement on prompts that share "
-        "nothing since the KV tie-break went, is -1%, -8%, +1%: not explained yet. The "
-        "max/mean bar here left out the one-proxy agreement run, at 1.4988 (within 1.5; "
-        "counted since).",
-    ("llm_routing", "cee1211"):
-        "Read with the proxy's random bar: it is judged on the three rounds pooled (+3% "
-        "for prefix_kv, the worst LLM-aware policy), but prefix_kv's p99 was over p2c's by "
-        "+14% and +17% in rounds 1 and 2 and +3% in round 3, whose slower requests weigh "
-        "most in the pool. On these prompts prefix_kv places exactly as prefix does (KV "
-        "use stays under 37%, never weighed), and prefix was -13%, -6%, -7%. What differs "
-        "is the order: in every round's rotation prefix_kv runs right after kv_load. Not "
-        "explained yet. Round robin, the baseline, is +19% through the proxy and +26% "
-        "through HAProxy.",
-}
+FOUND_SINCE: dict[tuple[str, str], str] = {}
 
 
 def section(name: str, title: str, about: str, result: dict, where: Where) -> str:

@@ -332,14 +332,10 @@ class Router:
         return None if replica_id is None else self._reserve(replica_id, self._clock.monotonic())
 
     def _pick(self, replica_ids: Any, hint: str | None) -> str | None:
-        """Power of two choices on the policy's load; refreshes the candidates' cache."""
-        now = self._clock.monotonic()
-        placement = choose_replica(replica_ids, self._policy_load_of(), self._rng,
-                                   hint=hint, max_pairs=self._settings.max_pairs)
-        for replica_id in placement.candidates:
-            if self._cache.needs_probe(replica_id, now):
-                self._start_probe(replica_id)
-        return placement.replica_id
+        """Power of two choices on the policy's load; refreshes the candidates' cache (the
+        replicas it looked at: its pairs up to the first with room)."""
+        return choose_replica(replica_ids, self._looked_at(self._policy_load_of()), self._rng,
+                              hint=hint, max_pairs=self._settings.max_pairs).replica_id
 
     def _policy_load_of(self) -> Callable[[str], Any]:
         return self._kv_load_of if self._config.policy.uses_kv else self._load_of
