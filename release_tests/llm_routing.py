@@ -144,7 +144,7 @@ def random_rounds(fleet: SimFleet, ingress: str, cap: float, args, results: dict
     rotated order each round (a drift over the run falls on each alike); each policy's
     point is its rounds pooled (``pooled_stats``): one round's p99 is the few slowest
     requests of a minute, and two runs of p2c differed by up to 20%. A policy change
-    empties the routers' prefix index (``Router.update_config``): before 2026-12-07 it did
+    empties the routers' prefix index (``Router.update_config``): before 4981e74 it did
     not, and prefix_kv, run after prefix on the same round's prompts, read each one as
     sent before (to its ring replica, load aside): +14% and +17% over p2c in two rounds
     where prefix, placing alike, was -13% and -6%."""
