@@ -65,6 +65,21 @@ SERVE_DEFAULTS = {"target_ongoing_requests": 2.0, "upscale_delay_s": 30.0,
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="7", help="days to run, the first reported in full")
+    day_arguments(p)
+    p.add_argument("--no-fleetplane-tuned", dest="fleetplane_tuned", action="store_false",
+                   help="skip the fleetplane_surge row (surge 0.3)")
+    p.add_argument("--no-serve-tuned", dest="serve_tuned", action="store_false")
+    p.add_argument("--no-foresight", dest="foresight", action="store_false",
+                   help="skip the foresight row (the bound on the known rate, a yardstick)")
+    p.add_argument("--foresight-late-share", type=float, default=None,
+                   help="the foresight row's bound (default: the LLM policy's LATE_SHARE)")
+    p.add_argument("--quick", action="store_true", help=f"hours {QUICK_HOURS} only")
+    p.add_argument("--smoke", action="store_true", help="what the test suite runs")
+    return p
+
+
+def day_arguments(p: argparse.ArgumentParser) -> None:
+    """The day and the fleet every row shares (``llm_autoscale_frontier``'s too)."""
     p.add_argument("--jobs", type=int, default=2, help="processes running the days")
     p.add_argument("--hours", default=FULL_HOURS, help="first,last hour of the day (0,24)")
     p.add_argument("--hour-s", type=float, default=3600.0, help="seconds in an hour")
@@ -80,16 +95,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ttft-slo-s", type=float, default=10.0, help="TTFT p99 per window")
     p.add_argument("--window-s", type=float, default=600.0,
                    help="SLO windows (TTFT p99 reported per hour too)")
-    p.add_argument("--no-fleetplane-tuned", dest="fleetplane_tuned", action="store_false",
-                   help="skip the fleetplane_surge row (surge 0.3)")
-    p.add_argument("--no-serve-tuned", dest="serve_tuned", action="store_false")
-    p.add_argument("--no-foresight", dest="foresight", action="store_false",
-                   help="skip the foresight row (the bound on the known rate, a yardstick)")
-    p.add_argument("--foresight-late-share", type=float, default=None,
-                   help="the foresight row's bound (default: the LLM policy's LATE_SHARE)")
-    p.add_argument("--quick", action="store_true", help=f"hours {QUICK_HOURS} only")
-    p.add_argument("--smoke", action="store_true", help="what the test suite runs")
-    return p
 
 
 def systems(args: argparse.Namespace) -> dict[str, Settings]:

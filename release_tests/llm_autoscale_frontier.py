@@ -24,7 +24,6 @@ another is cheaper at a better SLO. Not judged: it says where the published day 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import multiprocessing
@@ -53,11 +52,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="Serve's target_ongoing_requests values at --peak-rps")
     p.add_argument("--quick", action="store_true", help="seed 7, peaks 0.4,0.6")
     p.add_argument("--smoke", action="store_true", help="what the test suite runs")
-    for action in llm_autoscale._parser()._actions:  # the day's own settings
-        if action.dest in {"hours", "hour_s", "peak_rps", "max_replicas", "jobs",
-                           "initial_replicas", "health_interval_s", "client_timeout_s",
-                           "cold_hold_s", "ttft_slo_s", "window_s"}:
-            p._add_action(copy.copy(action))
+    llm_autoscale.day_arguments(p)
     return p
 
 

@@ -83,6 +83,9 @@ SECTIONS = [
     ("llm_autoscale", "LLM autoscaling and scale to zero over a day (virtual time)",
      "fleetplane's LLM policy with scale to zero against Ray Serve 2.60's default policy, "
      "on the same day trace, data plane and simulated GB10 engines."),
+    ("llm_autoscale_frontier", "LLM autoscaling: cost against SLO along each knob and peak",
+     "`llm_autoscale`'s day, each policy along its own knob and both defaults across the "
+     "day's peak rate, on several days each."),
     ("serve_compat_diff", "The same Serve applications under Serve and fleetplane",
      "Each request sent to both, on one local Ray; differences by design are named."),
     ("head_loss", "The head node dies and comes back",

@@ -157,3 +157,53 @@ def _plots(summary: dict, where: Where, name: str) -> list[str]:
                                 f"{label} at 0.8 of capacity, per policy")
         out += where.image(png, f"{label} per policy")
     return out
+
+
+def render_llm_autoscale_frontier(summary: dict, where: Where, name: str) -> list[str]:
+    rows, peak = summary.get("points", []), summary.get("peak_rps")
+    seeds = ", ".join(str(s) for s in summary.get("seeds", []))
+    lines = [f"`llm_autoscale`'s day (hours {summary.get('hours')}, simulated GB10 engines) on "
+             f"the days of seeds {seeds}, each point one `autoscaling_config`; cost is "
+             "replica-seconds as a multiple of Serve's default policy's on the same day and "
+             f"peak (the mean over days), the SLO the share of {summary.get('window_s'):g} s "
+             f"windows whose TTFT p99 is within {summary.get('ttft_slo_s'):g} s (the mean "
+             "over days, and the worst day). Not judged: it shows where the published day "
+             "sits on each policy's curve.", "",
+             f"Along each policy's own knob, at the published peak ({peak} requests/s):", ""]
+    knobs = [r for r in rows if r["peak_rps"] == peak]
+    lines += table([{**_point(r), "per day": ", ".join(f"{s}: {v}x" for s, v in
+                                                      r["vs_serve_by_seed"].items())}
+                    for r in knobs])
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in knobs:
+        series.setdefault(f"{r['system']} ({r['knob']})", []).append(
+            (r["vs_serve"], r["slo_windows_met"]))
+    png = report_plots.scatter(series, where.plots / f"{name}_knobs.png",
+                               "replica-seconds / Serve default's (mean over days)",
+                               "share of windows within the TTFT SLO (mean)",
+                               f"Cost against SLO along each knob, peak {peak}/s",
+                               hlines={"SLO bar 0.95": 0.95}, vlines={"cost bar 0.8": 0.8})
+    lines += where.image(png, "cost against SLO along each policy's knob")
+    defaults = sorted((r for r in rows if r["default"]), key=lambda r: r["peak_rps"])
+    if len({r["peak_rps"] for r in defaults}) > 1:
+        lines += ["Both defaults across the day's peak rate (the same shape, busier or "
+                  "quieter):", ""]
+        lines += table([_point(r) for r in defaults])
+        panels = {"replica-seconds / Serve default's": {
+                      "fleetplane": [(r["peak_rps"], r["vs_serve"]) for r in defaults
+                                     if r["system"] == "fleetplane"]},
+                  "windows within the TTFT SLO (mean over days)": {
+                      system: [(r["peak_rps"], r["slo_windows_met"]) for r in defaults
+                               if r["system"] == system] for system in ("fleetplane", "serve")}}
+        png = report_plots.panels(panels, where.plots / f"{name}_peaks.png",
+                                  "peak requests/s")
+        lines += where.image(png, "both defaults across the peak rate")
+    return lines
+
+
+def _point(r: dict) -> dict:
+    return {"system": r["system"], "knob": f"{r['knob']} {r['value']:g}"
+            + (" (default)" if r["default"] else ""), "peak": r["peak_rps"],
+            "vs Serve's default": f"{r['vs_serve']}x",
+            "SLO windows (mean / worst day)": f"{r['slo_windows_met']} / {r['slo_worst']}",
+            "failed": r["failed"]}

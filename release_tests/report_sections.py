@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from release_tests import report_plots
 from release_tests.report_head_loss import render_head_loss
-from release_tests.report_llm import render_llm_autoscale, render_llm_routing
+from release_tests.report_llm import (render_llm_autoscale, render_llm_autoscale_frontier,
+                                      render_llm_routing)
 from release_tests.report_tables import Where, fmt, table
 
 Renderer = Callable[[dict, Where, str], list[str]]
@@ -310,6 +311,7 @@ RENDERERS: dict[str, Renderer] = {
     "node_churn": render_node_churn, "http_abuse": render_http_abuse,
     "retry_after_http": render_retry_after_http, "retry_after_eval": render_retry_after_eval,
     "llm_day": render_llm_day, "llm_routing": render_llm_routing,
-    "llm_autoscale": render_llm_autoscale, "head_loss": render_head_loss,
+    "llm_autoscale": render_llm_autoscale,
+    "llm_autoscale_frontier": render_llm_autoscale_frontier, "head_loss": render_head_loss,
     "head_loss_haproxy": render_head_loss, "head_loss_workers": render_head_loss,
 }

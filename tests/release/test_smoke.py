@@ -32,7 +32,7 @@ LANES = [
     ["http_bench", "serve_compat_diff", "retry_after_http", "overload_idle", "llm_routing"],
     # the kills (8011); the abuse (a free port); no Ray
     ["chaos", "http_abuse", "scale", "scale_compare", "retry_after_eval", "llm_day",
-     "llm_autoscale"],
+     "llm_autoscale", "llm_autoscale_frontier"],
     # 3-node clusters on 127.0.0.2-4 (the head-loss one with Redis), one after the other
     ["node_churn", "head_loss"],
     # haproxy drains (8012), the soak (8031), the demo (8000, twice), simulated replicas, the report
