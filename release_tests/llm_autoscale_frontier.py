@@ -44,11 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="7,1,2,3", help="days drawn per point")
     p.add_argument("--peaks", default="0.3,0.4,0.45,0.55,0.6,0.7",
                    help="further peak rates (requests/s), both defaults at each")
-    p.add_argument("--fleetplane-knob", default="5,10,20",
+    p.add_argument("--fleetplane-knob", default="5,7,10,14,20",
                    help="fleetplane's llm.ttft_target_s values at --peak-rps")
     p.add_argument("--surge", default="0.3", help="fleetplane's llm.surge values (with the "
                    "default ttft_target_s) at --peak-rps; empty for none")
-    p.add_argument("--serve-knob", default="1.5,2,3,4",
+    p.add_argument("--serve-knob", default="1.5,2,2.5,3,4",
                    help="Serve's target_ongoing_requests values at --peak-rps")
     p.add_argument("--quick", action="store_true", help="seed 7, peaks 0.4,0.6")
     p.add_argument("--smoke", action="store_true", help="what the test suite runs")

@@ -18,11 +18,14 @@ def test_each_knob_at_the_published_peak_and_both_defaults_at_every_other():
     at_peak = [(p["system"], p["knob"], p["value"], p["default"]) for p in got
                if p["peak_rps"] == 0.5]
     assert at_peak == [("fleetplane", "ttft_target_s", 5.0, False),
+                       ("fleetplane", "ttft_target_s", 7.0, False),
                        ("fleetplane", "ttft_target_s", 10.0, True),
+                       ("fleetplane", "ttft_target_s", 14.0, False),
                        ("fleetplane", "ttft_target_s", 20.0, False),
                        ("fleetplane", "surge", 0.3, False),
                        ("serve", "target_ongoing_requests", 1.5, False),
                        ("serve", "target_ongoing_requests", 2.0, True),
+                       ("serve", "target_ongoing_requests", 2.5, False),
                        ("serve", "target_ongoing_requests", 3.0, False),
                        ("serve", "target_ongoing_requests", 4.0, False)]
     others = [(p["system"], p["peak_rps"], p["default"]) for p in got if p["peak_rps"] != 0.5]
