@@ -85,6 +85,9 @@ def day_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hour-s", type=float, default=3600.0, help="seconds in an hour")
     p.add_argument("--peak-rps", type=float, default=0.5, help="day-time arrivals per second")
     p.add_argument("--max-replicas", type=int, default=12)
+    p.add_argument("--max-ongoing-requests", type=int, default=SLOTS,
+                   help="per replica, both systems: the engine's slots (the router's queue "
+                   "holds the rest); 8 lets each engine queue 4 more")
     p.add_argument("--initial-replicas", type=int, default=1)
     p.add_argument("--health-interval-s", type=float, default=40.0,
                    help="VLLMServer's check: how often the engines' stats are read")
@@ -101,6 +104,7 @@ def systems(args: argparse.Namespace) -> dict[str, Settings]:
     bounds = {"min_replicas": 0, "max_replicas": args.max_replicas,
               "initial_replicas": args.initial_replicas}
     common = dict(max_replicas=args.max_replicas, initial_replicas=args.initial_replicas,
+                  max_ongoing_requests=args.max_ongoing_requests,
                   health_interval_s=args.health_interval_s,
                   client_timeout_s=args.client_timeout_s, cold_hold_s=args.cold_hold_s)
     ours = {**bounds, **SERVE_DEFAULTS, "downscale_to_zero_delay_s": 600.0,
@@ -266,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     bars = criteria(results, args.ttft_slo_s, args.window_s)
     summary = {"results": results, "criteria": bars, "hours": [first, last],
                "hour_s": args.hour_s, "peak_rps": args.peak_rps, "seed": seeds[0],
-               "by_seed": by_seed,
+               "by_seed": by_seed, "max_ongoing_requests": args.max_ongoing_requests, "slots": SLOTS,
                "settings": {k: v.autoscaling for k, v in systems(args).items()}}
     path = record("llm_autoscale", summary, rows, smoke=args.smoke, argv=argv)
     for bar in bars:

@@ -3,7 +3,7 @@ across the day's peak rate: at an equal SLO, which policy holds fewer replicas, 
 which days does issue 30's bar (replica-seconds <= 0.8x Serve's default, TTFT p99 within
 10 s in >= 95% of windows) hold?
 
-``python -m release_tests.llm_autoscale_frontier [--seeds 7,1,2,3] [--peaks 0.3,...]``
+``python -m release_tests.llm_autoscale_frontier [--seeds 7,1,2,3] [--peaks 0.4,0.6]``
 
 One point is one ``autoscaling_config`` on every seed's day (``llm_autoscale``'s trace,
 simulator and data plane; its settings apart from the knob):
@@ -11,6 +11,9 @@ simulator and data plane; its settings apart from the knob):
 - at ``--peak-rps`` (0.5, the published day), each policy along its own knob: fleetplane's
   ``llm.ttft_target_s`` (what it sizes for; the day is still judged at ``--ttft-slo-s``)
   and ``llm.surge``, Serve's ``target_ongoing_requests``; the defaults among them;
+- at ``--peak-rps``, both defaults on another data plane (``--data-plane``: 8 requests a
+  replica, so each engine queues 4 beyond its 4 slots where the default has the router
+  hold them): what the router's one queue is worth to each policy;
 - at each ``--peaks`` rate, both defaults: the same day shape, busier or quieter, so the
   day's load meets the two policies' steps at other places.
 
@@ -18,7 +21,7 @@ Per point: replica-seconds as a multiple of Serve's default policy's on the same
 peak (the mean over seeds, and each seed's), the share of 600 s windows whose TTFT p99 is
 within the SLO (the mean, and the worst seed), failed requests. A point left of and above
 another is cheaper at a better SLO. Not judged: it says where the published day sits.
-``--quick``: seed 7 and peaks 0.4,0.6 only (about 4 minutes on 2 cores).
+``--quick``: seed 7 and the further peak 0.4 only (about 4 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ import time
 from release_tests import llm_autoscale
 from release_tests.results import parse_args, record
 
-SMOKE = {"hours": "6,8", "hour_s": 600.0, "seeds": "7", "peaks": "", "jobs": 1,
+SMOKE = {"hours": "6,8", "hour_s": 600.0, "seeds": "7", "peaks": "", "jobs": 1, "data_plane": "",
          "fleetplane_knob": "10", "serve_knob": "2", "surge": ""}
-QUICK = {"seeds": "7", "peaks": "0.4,0.6"}
+QUICK = {"seeds": "7", "peaks": "0.4"}
 SERVE_DEFAULT = 2.0  # Serve 2.60's target_ongoing_requests (llm_autoscale.SERVE_DEFAULTS)
 FLEETPLANE_DEFAULT = 10.0  # LLMScaling.ttft_target_s
 
@@ -42,15 +45,17 @@ FLEETPLANE_DEFAULT = 10.0  # LLMScaling.ttft_target_s
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="7,1,2,3", help="days drawn per point")
-    p.add_argument("--peaks", default="0.3,0.4,0.45,0.55,0.6,0.7",
+    p.add_argument("--peaks", default="0.4,0.6",
                    help="further peak rates (requests/s), both defaults at each")
-    p.add_argument("--fleetplane-knob", default="5,7,10,14,20",
+    p.add_argument("--fleetplane-knob", default="5,10,14,20",
                    help="fleetplane's llm.ttft_target_s values at --peak-rps")
     p.add_argument("--surge", default="0.3", help="fleetplane's llm.surge values (with the "
                    "default ttft_target_s) at --peak-rps; empty for none")
-    p.add_argument("--serve-knob", default="1.5,2,2.5,3,4",
+    p.add_argument("--serve-knob", default="1.5,2,2.5,3",
                    help="Serve's target_ongoing_requests values at --peak-rps")
-    p.add_argument("--quick", action="store_true", help="seed 7, peaks 0.4,0.6")
+    p.add_argument("--data-plane", default="8", help="further max_ongoing_requests values "
+                   "(both defaults at --peak-rps): 8 lets each engine queue 4 beyond its slots")
+    p.add_argument("--quick", action="store_true", help="seed 7, peak 0.4")
     p.add_argument("--smoke", action="store_true", help="what the test suite runs")
     llm_autoscale.day_arguments(p)
     return p
@@ -65,9 +70,10 @@ def points(args: argparse.Namespace) -> list[dict]:
     out = []
 
     def add(system: str, knob: str, value: float, peak: float, llm: dict | None = None,
-            target: float | None = None) -> None:
+            target: float | None = None, ongoing: int | None = None) -> None:
         day = argparse.Namespace(**{**vars(args), "peak_rps": peak, "serve_tuned": False,
-                                    "fleetplane_tuned": False, "foresight": False})
+                                    "fleetplane_tuned": False, "foresight": False,
+                                    "max_ongoing_requests": ongoing or args.max_ongoing_requests})
         base = llm_autoscale.systems(day)[system]
         scaling = dict(base.autoscaling)
         if llm is not None:
@@ -87,6 +93,11 @@ def points(args: argparse.Namespace) -> list[dict]:
         add("fleetplane", "surge", value, peak, llm={"surge": value})
     for value in _floats(args.serve_knob):
         add("serve", "target_ongoing_requests", value, peak, target=value)
+    for ongoing in _floats(args.data_plane):
+        if int(ongoing) != args.max_ongoing_requests:
+            add("fleetplane", "max_ongoing_requests", ongoing, peak, llm={}, ongoing=int(ongoing))
+            add("serve", "max_ongoing_requests", ongoing, peak, target=SERVE_DEFAULT,
+                ongoing=int(ongoing))
     for other in _floats(args.peaks):
         if other != peak:
             add("fleetplane", "ttft_target_s", FLEETPLANE_DEFAULT, other, llm={})

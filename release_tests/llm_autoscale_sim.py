@@ -10,7 +10,11 @@ What is real and what is simulated (the asymmetries are the same for both system
 - a replica takes a load time drawn from 120-300 s (weights loading, seed 001's minutes)
   and costs replica-seconds from the moment it is asked for until it has drained;
 - the data plane, for both: fleetplane's own ``Router`` (power of two choices, FIFO
-  queue, ``max_ongoing_requests`` per replica) in virtual time; fleetplane's deployment
+  queue, ``max_ongoing_requests`` per replica: by default the engine's 4 slots, so a
+  request beyond the fleet's batch waits in the router's one queue for the first free
+  slot, not in one engine's queue behind 4 long answers while another engine has a free
+  slot; ``llm_autoscale --max-ongoing-requests 8`` lets each engine queue 4 more) in
+  virtual time; fleetplane's deployment
   sets ``cold_hold_s`` (scale from zero: hold up to the bound, else 503 + Retry-After,
   which the client honours), Serve's holds a request at zero until a replica runs, as
   Serve's handles do;
@@ -151,7 +155,7 @@ class Settings:
     client_timeout_s: float
     cold_hold_s: float
     autoscaling: dict[str, Any] = field(default_factory=dict)
-    max_ongoing_requests: int = 2 * SLOTS
+    max_ongoing_requests: int = SLOTS  # the engine's batch: the router holds the rest
 
 
 class Fleet:

@@ -90,7 +90,8 @@ def render_llm_autoscale(summary: dict, where: Where, name: str) -> list[str]:
              f"{summary.get('peak_rps')} requests/s), simulated GB10 engines (8 tokens/s, 4 "
              "slots, 120-300 s loads) in virtual time; each row's `autoscaling_config` is "
              "in the results file. The data plane is the same for every row (fleetplane's "
-             "router); the policies are their own code (Serve's from `ray.serve`).", ""]
+             f"router, {_ongoing(summary)}); the policies are their own code (Serve's from "
+             "`ray.serve`).", ""]
     if summary.get("criteria"):
         lines += ["What the issue asked (judged on the `fleetplane` row, its defaults), and "
                   "what this run measured:", ""]
@@ -114,6 +115,14 @@ def render_llm_autoscale(summary: dict, where: Where, name: str) -> list[str]:
                                 "TTFT p99 (s)", "TTFT p99 per hour")
     lines += where.image(png, "TTFT p99 per hour, per policy")
     return lines + _by_seed(summary.get("by_seed") or {}, where, name)
+
+
+def _ongoing(summary: dict) -> str:
+    """The data plane's queue: a run from before the setting was recorded let 8 in."""
+    n, slots = summary.get("max_ongoing_requests", 8), summary.get("slots", 4)
+    return (f"`max_ongoing_requests` {n} a replica: "
+            + (f"its engine's {slots} slots, the router holding the rest" if n <= slots else
+               f"{n - slots} beyond the engine's {slots} slots wait in that engine's queue"))
 
 
 def _by_seed(by_seed: dict, where: Where, name: str) -> list[str]:

@@ -14,9 +14,10 @@ def plan(*argv: str) -> list[dict]:
 
 
 def test_each_knob_at_the_published_peak_and_both_defaults_at_every_other():
-    got = plan("--peaks", "0.4,0.5,0.6")
+    got = plan("--peaks", "0.4,0.5,0.6", "--fleetplane-knob", "5,7,10,14,20",
+               "--serve-knob", "1.5,2,2.5,3,4", "--data-plane", "4,8")
     at_peak = [(p["system"], p["knob"], p["value"], p["default"]) for p in got
-               if p["peak_rps"] == 0.5]
+               if p["peak_rps"] == 0.5 and p["knob"] != "max_ongoing_requests"]
     assert at_peak == [("fleetplane", "ttft_target_s", 5.0, False),
                        ("fleetplane", "ttft_target_s", 7.0, False),
                        ("fleetplane", "ttft_target_s", 10.0, True),
@@ -28,13 +29,19 @@ def test_each_knob_at_the_published_peak_and_both_defaults_at_every_other():
                        ("serve", "target_ongoing_requests", 2.5, False),
                        ("serve", "target_ongoing_requests", 3.0, False),
                        ("serve", "target_ongoing_requests", 4.0, False)]
+    queues = [(p["system"], p["value"], p["default"], p["settings"].max_ongoing_requests)
+              for p in got if p["knob"] == "max_ongoing_requests"]
+    assert queues == [("fleetplane", 8.0, False, 8), ("serve", 8.0, False, 8)]  # 4: the default
+    assert {p["settings"].max_ongoing_requests for p in got
+            if p["knob"] != "max_ongoing_requests"} == {4}
     others = [(p["system"], p["peak_rps"], p["default"]) for p in got if p["peak_rps"] != 0.5]
     assert others == [("fleetplane", 0.4, True), ("serve", 0.4, True),
                       ("fleetplane", 0.6, True), ("serve", 0.6, True)]
 
 
 def test_a_point_is_the_published_settings_with_its_knob_set():
-    got = {(p["system"], p["knob"], p["value"]): p for p in plan("--peaks", "")}
+    got = {(p["system"], p["knob"], p["value"]): p
+           for p in plan("--peaks", "", "--data-plane", "", "--fleetplane-knob", "10,20")}
     published = llm_autoscale.systems(llm_autoscale._parser().parse_args([]))
     ours = got["fleetplane", "ttft_target_s", 20.0]["settings"]
     assert ours.autoscaling == {**published["fleetplane"].autoscaling,
@@ -47,13 +54,15 @@ def test_a_point_is_the_published_settings_with_its_knob_set():
 
 
 def test_the_yardstick_runs_when_serves_knob_leaves_out_its_default():
-    got = plan("--peaks", "", "--serve-knob", "3", "--fleetplane-knob", "10", "--surge", "")
+    got = plan("--peaks", "", "--serve-knob", "3", "--fleetplane-knob", "10", "--surge", "",
+               "--data-plane", "")
     assert [(p["system"], p["value"], p["default"]) for p in got] == [
         ("fleetplane", 10.0, True), ("serve", 3.0, False), ("serve", 2.0, True)]
 
 
 def test_cost_is_read_against_serves_default_on_the_same_day_and_peak():
-    got = plan("--peaks", "0.4", "--fleetplane-knob", "10", "--surge", "", "--serve-knob", "2")
+    got = plan("--peaks", "0.4", "--fleetplane-knob", "10", "--surge", "", "--serve-knob", "2",
+               "--data-plane", "")
     day = {0: {7: 80, 1: 90}, 1: {7: 100, 1: 100}, 2: {7: 70, 1: 60}, 3: {7: 50, 1: 80}}
     slo = {0: {7: 0.96, 1: 0.94}, 1: {7: 1.0, 1: 0.98}, 2: {7: 0.9, 1: 0.92},
            3: {7: 0.97, 1: 0.99}}
