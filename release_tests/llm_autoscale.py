@@ -8,8 +8,10 @@ a day at ``--peak-rps`` with three 10-minute bursts at twice it, an evening decl
 fleet, the data plane and what each policy is fed: ``llm_autoscale_sim``'s docstring
 (both policies are their real code; engines, load times and the network are simulated,
 in virtual time: a day takes about 30 s of CPU per system). Every row has the same bounds
-(``min_replicas`` 0, ``max_replicas`` 12, ``initial_replicas`` 1) and Serve's default
-delays (``upscale_delay_s`` 30, ``downscale_delay_s`` 600, 1 -> 0 after 600):
+(``min_replicas`` 0, ``max_replicas`` 12, ``initial_replicas`` 1), the same
+``max_ongoing_requests`` (``--max-ongoing-requests``: 4, the engine's slots, so the router
+holds what the fleet's batch cannot take) and Serve's default delays (``upscale_delay_s``
+30, ``downscale_delay_s`` 600, 1 -> 0 after 600):
 
 - ``fleetplane``: ``autoscaling_config.llm`` at its defaults (``ttft_target_s`` 10: the
   SLO the day is judged on, ``target_fill`` 0.75, ``kv_cache_high`` 0.9, ``surge`` 0),

@@ -63,7 +63,9 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     module = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "?"
     return {"command": f"python -m release_tests.{module} {shlex.join(argv)}".strip(),
             "commit": _git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            # uncommitted changes to what is measured: another run's results are not
+            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                               ":(exclude)release_tests/measured")),
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "machine": describe()}
 
