@@ -184,14 +184,17 @@ def render_llm_autoscale_frontier(summary: dict, where: Where, name: str) -> lis
                                                       r["vs_serve_by_seed"].items())}
                     for r in knobs])
     series: dict[str, list[tuple[float, float]]] = {}
-    for r in knobs:
-        series.setdefault(f"{r['system']} ({r['knob']})", []).append(
-            (r["vs_serve"], r["slo_windows_met"]))
+    notes: dict[str, list[str]] = {}
+    for r in sorted(knobs, key=lambda r: r["value"]):
+        key = f"{r['system']} ({r['knob']})"
+        series.setdefault(key, []).append((r["vs_serve"], r["slo_windows_met"]))
+        notes.setdefault(key, []).append(f"{r['value']:g}")
     png = report_plots.scatter(series, where.plots / f"{name}_knobs.png",
                                "replica-seconds / Serve default's (mean over days)",
                                "share of windows within the TTFT SLO (mean)",
                                f"Cost against SLO along each knob, peak {peak}/s",
-                               hlines={"SLO bar 0.95": 0.95}, vlines={"cost bar 0.8": 0.8})
+                               hlines={"SLO bar 0.95": 0.95}, vlines={"cost bar 0.8": 0.8},
+                               notes=notes)
     lines += where.image(png, "cost against SLO along each policy's knob")
     defaults = sorted((r for r in rows if r["default"]), key=lambda r: r["peak_rps"])
     if len({r["peak_rps"] for r in defaults}) > 1:

@@ -113,14 +113,21 @@ def timeline(series: dict[str, list[tuple[float, float]]], path: Path, xlabel: s
 
 def scatter(series: dict[str, list[tuple[float, float]]], path: Path, xlabel: str,
             ylabel: str, title: str, hlines: dict[str, float] | None = None,
-            vlines: dict[str, float] | None = None) -> Path | None:
-    """Points per series (``{name: [(x, y), ...]}``), with labelled reference lines."""
+            vlines: dict[str, float] | None = None,
+            notes: dict[str, list[str]] | None = None) -> Path | None:
+    """Points per series (``{name: [(x, y), ...]}``), with labelled reference lines;
+    with ``notes`` (a label per point, by series), each such series' points are joined in
+    order and labelled: a curve along a knob."""
     series = {k: v for k, v in series.items() if v}
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for name, points in series.items():
-        ax.scatter(*zip(*points), label=name, s=28, alpha=0.8)
+        dots = ax.scatter(*zip(*points), label=name, s=28, alpha=0.8)
+        if notes and name in notes:
+            ax.plot(*zip(*points), color=dots.get_facecolor()[0], linewidth=0.8, alpha=0.6)
+            for (x, y), text in zip(points, notes[name]):
+                ax.annotate(text, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     for label, y in (hlines or {}).items():
         ax.axhline(y, color="grey", linestyle="--", linewidth=0.8)
         ax.annotate(label, (ax.get_xlim()[0], y), fontsize=7, va="bottom")
