@@ -32,14 +32,15 @@ import json
 import multiprocessing
 import time
 
+from controlplane.deployment.llm_scaling import LLMScaling
 from release_tests import llm_autoscale
 from release_tests.results import parse_args, record
 
 SMOKE = {"hours": "6,8", "hour_s": 600.0, "seeds": "7", "peaks": "", "jobs": 1, "data_plane": "",
          "fleetplane_knob": "10", "serve_knob": "2", "surge": ""}
 QUICK = {"seeds": "7", "peaks": "0.4"}
-SERVE_DEFAULT = 2.0  # Serve 2.60's target_ongoing_requests (llm_autoscale.SERVE_DEFAULTS)
-FLEETPLANE_DEFAULT = 10.0  # LLMScaling.ttft_target_s
+SERVE_DEFAULT = llm_autoscale.SERVE_DEFAULTS["target_ongoing_requests"]  # Serve 2.60's
+FLEETPLANE_DEFAULT = LLMScaling().ttft_target_s
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,8 +81,8 @@ def points(args: argparse.Namespace) -> list[dict]:
             scaling["llm"] = llm
         if target is not None:
             scaling["target_ongoing_requests"] = target
-        default = (system == "serve" and value == SERVE_DEFAULT) or (
-            knob == "ttft_target_s" and value == FLEETPLANE_DEFAULT)
+        default = (knob, value) in {("target_ongoing_requests", SERVE_DEFAULT),
+                                    ("ttft_target_s", FLEETPLANE_DEFAULT)}
         out.append({"system": system, "knob": knob, "value": value, "peak_rps": peak,
                     "default": default, "day": day,
                     "settings": dataclasses.replace(base, autoscaling=scaling)})
