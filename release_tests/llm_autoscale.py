@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     bars = criteria(results, args.ttft_slo_s, args.window_s)
     summary = {"results": results, "criteria": bars, "hours": [first, last],
                "hour_s": args.hour_s, "peak_rps": args.peak_rps, "seed": seeds[0],
-               "by_seed": by_seed, "max_ongoing_requests": args.max_ongoing_requests, "slots": SLOTS,
+               "by_seed": by_seed, "max_ongoing_requests": args.max_ongoing_requests,
+               "slots": SLOTS,
                "settings": {k: v.autoscaling for k, v in systems(args).items()}}
     path = record("llm_autoscale", summary, rows, smoke=args.smoke, argv=argv)
     for bar in bars:
