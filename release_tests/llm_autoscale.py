@@ -234,16 +234,20 @@ def _one_day(job: tuple) -> tuple[str, int, dict, list[dict]]:
     return name, seed, result, rows
 
 
+def map_days(run, jobs: list, processes: int) -> list:
+    """``run`` on every job, ``processes`` at a time (forked: each day is pure CPU)."""
+    if processes <= 1:
+        return [run(job) for job in jobs]
+    import multiprocessing
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        return pool.map(run, jobs, chunksize=1)
+
+
 def run_days(args: argparse.Namespace, seeds: list[int]) -> tuple[dict, dict, list[dict]]:
     """Every row on every seed: (the first seed's results, by_seed, its rows)."""
     jobs = [(name, settings, seed, args, seed == seeds[0])
             for seed in seeds for name, settings in systems(args).items()]
-    if args.jobs > 1:
-        import multiprocessing
-        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            done = pool.map(_one_day, jobs, chunksize=1)
-    else:
-        done = [_one_day(job) for job in jobs]
+    done = map_days(_one_day, jobs, args.jobs)
     results, by_seed, rows = {}, {}, []
     for name, seed, result, kept in done:
         if seed == seeds[0]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing
 import time
 
 from controlplane.deployment.llm_scaling import LLMScaling
@@ -150,11 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(plan)} points x {len(seeds)} days = {len(jobs)} simulated days, "
           f"{args.jobs} at a time", flush=True)
     began = time.monotonic()
-    if args.jobs > 1:
-        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            done = pool.map(_run, jobs, chunksize=1)
-    else:
-        done = [_run(job) for job in jobs]
+    done = llm_autoscale.map_days(_run, jobs, args.jobs)
     rows = summarize(plan, seeds, done)
     summary = {"points": rows, "seeds": seeds, "peak_rps": args.peak_rps,
                "hours": [int(x) for x in args.hours.split(",")], "hour_s": args.hour_s,
